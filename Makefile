@@ -26,7 +26,7 @@ $(STAMP_TOOL): pyproject.toml
 
 # torch (CPU build is enough for the CPU tests); kept separate because it is large.
 $(STAMP_TORCH): $(STAMP_TOOL)
-	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION) ninja
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION) ninja numpy
 	@touch $@
 
 .PHONY: venv venv-torch help
