@@ -1,0 +1,151 @@
+// Exact OCP FP8 E4M3 ("e4m3fn") codecs for SM80/SM86, by bit manipulation only.
+//
+// The FP8 conversion instructions (cvt.*.e4m3x2) need SM89; these helpers use integer and
+// fp32/fp16 arithmetic only, so they compile for every architecture and give the same bits
+// everywhere:
+//
+//   e4m3_to_float(byte)           exact decode (all 256 codes; 0x7F/0xFF -> NaN).
+//   float_to_e4m3_satfinite(x)    round-to-nearest-even, saturate to +-448, exact
+//                                 subnormals, NaN -> 0x7F, -0 -> 0x80; bit-identical to
+//                                 __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)
+//                                 (= cvt.rn.satfinite.e4m3x2.f32 on SM89+).
+//   e4m3x4_to_bf16x4_scaled(...)  fast decode of four codes straight to bf16 with a UE8M0
+//                                 block scale folded in (see its comment for the exact range).
+//
+// Needs only the CUDA headers (no torch); kernels of every family include it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace deepinfer_sm80 {
+
+// Bit casts usable on host and device, so the scalar codecs can also be checked on a CPU
+// (tests/test_build_check.py compiles them for the host against cuda_fp8.hpp).
+__host__ __device__ __forceinline__ float bits_to_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t float_to_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+// Round to nearest even, |x| < 2^31 (default FP rounding mode on the host).
+__host__ __device__ __forceinline__ uint32_t float_to_uint_rne(float x) {
+#ifdef __CUDA_ARCH__
+  return __float2uint_rn(x);
+#else
+  return static_cast<uint32_t>(std::nearbyint(x));
+#endif
+}
+
+// Largest finite E4M3 magnitude and its code.
+constexpr float kE4m3Max = 448.0f;
+constexpr uint32_t kE4m3MaxCode = 0x7Eu;
+constexpr uint32_t kE4m3NanCode = 0x7Fu;
+
+// Exact decode of one E4M3 code (low 8 bits of `byte`).
+//   normal    (E != 0): (-1)^s * 2^(E-7) * (1 + M/8)  -> fp32 exponent field E + 120
+//   subnormal (E == 0): (-1)^s * M * 2^-9             -> exact via an int->float of M
+//   S.1111.111        : NaN (quiet, sign kept)
+__host__ __device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+  const uint32_t sign = (byte & 0x80u) << 24;
+  const uint32_t em = byte & 0x7Fu;
+  float mag;
+  if (em >= 0x08u) {
+    mag = bits_to_float((em << 20) + (120u << 23));
+  } else {
+    mag = static_cast<float>(em) * 0x1p-9f;  // exact: em < 8, times a power of two
+  }
+  uint32_t bits = float_to_bits(mag);
+  bits = (em == kE4m3NanCode) ? 0x7FC00000u : bits;
+  return bits_to_float(bits | sign);
+}
+
+// Round-to-nearest-even, saturating encode (bit-identical to the CUDA intrinsic above):
+//   NaN                 -> 0x7F (sign dropped, like the intrinsic's canonical NaN)
+//   |x| > 464 (incl inf)-> 0x7E | sign   (464 = 448 + half an ulp ties to even = 448)
+//   |x| <  2^-6         -> RNE of |x| * 2^9 to an integer 0..8 (8 = smallest normal 0x08)
+//   otherwise           -> RNE of the fp32 mantissa to 3 bits; a carry bumps the exponent
+__host__ __device__ __forceinline__ uint8_t float_to_e4m3_satfinite(float x) {
+  const uint32_t bits = float_to_bits(x);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t a = bits & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint8_t>(kE4m3NanCode);
+  if (a > 0x43E80000u) return static_cast<uint8_t>(sign | kE4m3MaxCode);  // > 464.0f
+  uint32_t code;
+  if (a < 0x3C800000u) {  // < 2^-6: E4M3 subnormal range (or zero)
+    // |x| * 512 is exact (power-of-two scale up); float_to_uint_rne rounds to nearest even.
+    code = float_to_uint_rne(bits_to_float(a) * 512.0f);
+  } else {
+    // Keep exponent + top 3 mantissa bits; add just under half an ulp plus the kept lsb
+    // so that the truncation below rounds to nearest even.
+    const uint32_t rounded = a + 0x7FFFFu + ((a >> 20) & 1u);
+    code = (rounded >> 20) - (120u << 3);
+  }
+  return static_cast<uint8_t>(code | sign);
+}
+
+// Four E4M3 codes -> four bf16 values multiplied by a UE8M0 scale 2^(s-127), exactly as
+// "decode to fp32, multiply by the fp32 scale, round to bf16 (RNE)" would give them.
+//
+//   four_bytes  codes c0 (bits 0-7) .. c3 (bits 24-31); lo = {c0, c1}, hi = {c2, c3}
+//   mult        e4m3_fast_multiplier(s) (compute once per 64-value group)
+//
+// How: a code's sign/exponent/mantissa bits are moved into an fp16 bit pattern
+// (s.0EEEE.MMM0000000) whose value is v * 2^-8 (subnormal codes land on fp16 subnormals,
+// which the hardware handles exactly); fp16 -> fp32 is exact; one fp32 multiply by
+// 2^(s-119) = 2^8 * 2^(s-127) is exact because v has 4 significant bits and the product
+// stays >= 2^-135 (fp32 resolves 2^-149); the final fp32 -> bf16 conversion rounds RNE,
+// which only matters if the product is a bf16 subnormal (s < 10) -- the same rounding the
+// fp32 reference does. So the result is bit-identical to the reference for
+//   1 <= s <= 246  (e4m3_fast_scale_ok(s)),  and every code except NaN (0x7F/0xFF).
+// Outside that range (s = 0 decodes to scale 0 by ue8m0_to_float; s >= 247 needs a
+// multiplier above 2^127) and for NaN codes (e4m3x4_has_nan), use e4m3_to_float() times
+// ue8m0_to_float() instead. The KV writers produce s in [105, 247]; s = 247 only for a
+// group with absmax > 1.75 * 2^127 (~3.0e38, the top of the bf16 range), and there the
+// fallback keeps the result exact.
+__device__ __forceinline__ bool e4m3_fast_scale_ok(uint32_t s) { return s - 1u < 246u; }
+
+__device__ __forceinline__ float e4m3_fast_multiplier(uint32_t s) {
+  return __uint_as_float((s + 8u) << 23);  // 2^(s + 8 - 127)
+}
+
+// True if any of the four codes is a NaN code (S.1111.111).
+__device__ __forceinline__ bool e4m3x4_has_nan(uint32_t four_bytes) {
+  const uint32_t t = (four_bytes & 0x7F7F7F7Fu) ^ 0x7F7F7F7Fu;  // byte == 0 <=> NaN code
+  return ((t - 0x01010101u) & ~t & 0x80808080u) != 0u;
+}
+
+__device__ __forceinline__ __nv_bfloat162 e4m3x2_in_halves_to_bf16x2(uint32_t lanes,
+                                                                      float mult) {
+  // `lanes` holds one code in the high byte of each 16-bit half (c << 8).
+  const uint32_t h = (lanes & 0x80008000u) | ((lanes >> 1) & 0x3F803F80u);
+  __half2 hv;
+  *reinterpret_cast<uint32_t*>(&hv) = h;
+  const float2 f = __half22float2(hv);
+  return __floats2bfloat162_rn(f.x * mult, f.y * mult);
+}
+
+__device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t four_bytes, float mult,
+                                                        __nv_bfloat162& lo,
+                                                        __nv_bfloat162& hi) {
+  // prmt: bytes {0, c0, 0, c1} and {0, c2, 0, c3} (selector nibble 4 = a zero byte).
+  lo = e4m3x2_in_halves_to_bf16x2(__byte_perm(four_bytes, 0u, 0x1404u), mult);
+  hi = e4m3x2_in_halves_to_bf16x2(__byte_perm(four_bytes, 0u, 0x3424u), mult);
+}
+
+}  // namespace deepinfer_sm80
