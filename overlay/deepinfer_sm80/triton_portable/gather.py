@@ -53,7 +53,7 @@ def _e4m3_to_f32(x):
     mant = x & 0x7
     normal = (sign | ((exp + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
     sub_mag = mant.to(tl.float32) * 0.001953125  # 2^-9, exact
-    sub = tl.where(sign != 0, -sub_mag, sub_mag)
+    sub = (sub_mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)  # keeps -0
     val = tl.where(exp == 0, sub, normal)
     nan = (sign | 0x7FC00000).to(tl.float32, bitcast=True)
     return tl.where((x & 0x7F) == 0x7F, nan, val)
