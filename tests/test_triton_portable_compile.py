@@ -5,7 +5,14 @@ kernel that uses ``tl.float8e4nv`` (what upstream's gather does) must fail for 8
 compile for 90: that proves the check really targets Ampere.
 """
 
+import pathlib
+import sys
+
 import pytest
+
+_OVERLAY = pathlib.Path(__file__).resolve().parents[1] / "overlay"
+if str(_OVERLAY) not in sys.path:
+    sys.path.insert(0, str(_OVERLAY))
 
 triton = pytest.importorskip("triton", reason="triton is not installed (make venv-torch installs it)")
 import triton.language as tl  # noqa: E402
