@@ -105,11 +105,13 @@ class SynthProject:
         """Commit ``changes`` on top of the previous patches and export the series."""
         self._write_tree(self.gen, changes)
         git(self.gen, "add", "-A")
-        git(self.gen, "commit", "-qm", subject)
+        git(self.gen, "commit", "-qm", subject, "-m", f"Why: test patch {subject!r}.",
+            "-m", "Origin: vendor, DeepInfer-SM80\nForwarded: no\nLast-Update: 2026-01-01")
         for old in self.patch_dir.glob("*.patch"):
             old.unlink()
-        out = git(self.gen, "format-patch", "-q", "--full-index", "--zero-commit",
-                  "--no-signature", "--no-stat", "-o", str(self.patch_dir), "base..HEAD")
+        git(self.gen, "format-patch", "-q", "--full-index", "--zero-commit", "--no-signature",
+            "--keep-subject", "--no-stat", "--no-color", "--encode-email-headers",
+            "-o", str(self.patch_dir), "base..HEAD")
         names = sorted(p.name for p in self.patch_dir.glob("*.patch"))
         (self.patch_dir / "series").write_text("".join(n + "\n" for n in names))
         return names[-1]
