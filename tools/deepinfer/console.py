@@ -37,6 +37,7 @@ class DeepinferError(Exception):
 
 def report_error(exc: DeepinferError) -> None:
     """Print a :class:`DeepinferError` to stderr in the tool's format."""
+    console.file.flush()
     err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
     for line in exc.details:
         err_console.print(line, soft_wrap=True, markup=False)
@@ -49,4 +50,5 @@ def info(msg: str) -> None:
 
 
 def warn(msg: str) -> None:
+    console.file.flush()
     err_console.print(f"[yellow]warning:[/] {msg}", soft_wrap=True)

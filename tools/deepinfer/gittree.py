@@ -285,3 +285,34 @@ def _supports_initial_branch() -> bool:
         v = git.Git().version_info
         _INITIAL_BRANCH = tuple(v[:2]) >= (2, 28)
     return _INITIAL_BRANCH
+
+
+# ---------------------------------------------------------------- bulk index helpers
+
+
+def hash_objects(tree: GitTree, paths: list[Path]) -> list[str]:
+    """Write blobs for many files at once (``git hash-object -w --stdin-paths``)."""
+    if not paths:
+        return []
+    data = "".join(f"{p}\n" for p in paths).encode()
+    out = tree.run("hash-object", "-w", "--no-filters", "--stdin-paths", stdin=data)
+    return out.split("\n")
+
+
+def index_add_blobs(tree: GitTree, index_file: Path,
+                    entries: list[tuple[str, str, str]]) -> None:
+    """Put ``(mode, blob, path)`` entries into a scratch index in one call."""
+    if not entries:
+        return
+    data = "".join(f"{mode} {sha}\t{path}\0" for mode, sha, path in entries).encode()
+    tree.run("update-index", "--add", "-z", "--index-info",
+             env={"GIT_INDEX_FILE": str(index_file)}, stdin=data)
+
+
+def write_tree(tree: GitTree, index_file: Path) -> str:
+    """Tree id of a scratch index."""
+    return tree.run("write-tree", env={"GIT_INDEX_FILE": str(index_file)})
+
+
+def tree_of(tree: GitTree, rev: str) -> str:
+    return tree.run("rev-parse", "--verify", "-q", rev + "^{tree}")
