@@ -113,6 +113,9 @@ REGISTRARS: list[Callable] = [register_core]
 # ---- commands contributed by other modules (one guarded block per module) -------------
 # e.g.:
 # from .drift import register as _register_drift; REGISTRARS.append(_register_drift)
+# drift + rebase (issue 3; tools/deepinfer/drift.py, rebase.py)
+from .drift import register as _register_drift; REGISTRARS.append(_register_drift)  # noqa: E402,E702
+from .rebase import register as _register_rebase; REGISTRARS.append(_register_rebase)  # noqa: E402,E702
 # ---------------------------------------------------------------------------------------
 
 
