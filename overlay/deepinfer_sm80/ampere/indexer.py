@@ -1,0 +1,195 @@
+"""Lightning-indexer scoring and top-k for SM80 (no DeepGEMM).
+
+logits[t, j] = k_scale[j] * sum_h relu(q[t, h] . k[j]) * w[t, h]
+
+over exactly dequantised FP8 (e4m3 -> fp32 is exact), fp32 accumulation,
+processed in row chunks x column tiles so no [tokens x candidates] fp32
+buffer is ever materialised.  Top-k keeps a running best-k per row across the
+column tiles with a total order on (score, index): every (score, column) pair
+is packed into one int64 key (order-preserving score bits high, inverted
+column low), so equal scores are broken by the lower column and the selected
+set does not depend on the top-k algorithm (no racy radix/atomic path).
+
+Two entry points, both writing request-local indices (-1 = none):
+* ``prefill_topk``: ragged rows over a gathered K workspace, row t sees
+  columns [ks[t], ke[t]) and gets indices j - ks[t].
+* ``decode_topk``: paged indexer cache (``[bs * 128 e4m3][bs * 4 fp32]`` per
+  page), row (b, i) sees compressed positions [0, ctx[b, i]); static shapes
+  only (no host sync), so it can run under CUDA-graph capture.
+
+Imports nothing but torch (and, optionally, the Triton scorer in
+``indexer_triton``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT64_MIN = -(2**63)
+_LOW_MASK = 0xFFFFFFFF
+
+# Elements (rows x heads x columns) of the per-tile fp32 score buffer.
+DEFAULT_TILE_BUDGET = 1 << 25
+
+
+def order_keys(logits: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordering (score desc, column asc); invalid -> INT64_MIN.
+
+    ``logits`` fp32 [R, N]; ``cols`` int64 broadcastable to [R, N] (the
+    index written out, < 2^32); ``valid`` bool [R, N]."""
+    x = torch.nan_to_num(logits, nan=float("-inf")) + 0.0  # -0.0 -> +0.0
+    bits = x.view(torch.int32).to(torch.int64)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = ordered * (1 << 32) + (_LOW_MASK - cols)
+    return torch.where(valid, key, torch.full_like(key, INT64_MIN))
+
+
+def keys_to_indices(keys: torch.Tensor) -> torch.Tensor:
+    idx = _LOW_MASK - (keys & _LOW_MASK)
+    return torch.where(keys == INT64_MIN, torch.full_like(idx, -1), idx).to(torch.int32)
+
+
+def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Best ``k`` keys of ``best`` U ``keys`` per row (descending)."""
+    cat = keys if best is None else torch.cat([best, keys], dim=1)
+    if cat.shape[1] < k:
+        pad = torch.full((cat.shape[0], k - cat.shape[1]), INT64_MIN, dtype=cat.dtype,
+                         device=cat.device)
+        cat = torch.cat([cat, pad], dim=1)
+    return torch.topk(cat, k, dim=1, largest=True, sorted=True).values
+
+
+def dequant_fp8(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 / float8_e4m3fn codes -> exact fp32."""
+    if codes.dtype == torch.uint8:
+        codes = codes.view(torch.float8_e4m3fn)
+    return codes.to(torch.float32)
+
+
+def score_tile(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor) -> torch.Tensor:
+    """q fp32 [R, H, D], w fp32 [R, H], k fp32 [R or 1, N, D], k_scale [R or 1, N]
+    -> logits fp32 [R, N].  fp32 math (no TF32)."""
+    s = torch.einsum("rhd,rnd->rhn", q, k.expand(q.shape[0], -1, -1)) if k.shape[0] != q.shape[0] \
+        else torch.einsum("rhd,rnd->rhn", q, k)
+    s = torch.relu_(s).mul_(w.unsqueeze(-1))
+    return s.sum(dim=1) * k_scale
+
+
+def _tile_cols(rows: int, heads: int, budget: int, lo: int = 64) -> int:
+    return max(lo, budget // max(1, rows * heads))
+
+
+def prefill_topk(
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    k_fp8: torch.Tensor,
+    k_scale: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    topk: int,
+    out: torch.Tensor,
+    *,
+    row_chunk: int = 256,
+    tile_budget: int = DEFAULT_TILE_BUDGET,
+) -> torch.Tensor:
+    """Ragged prefill scoring + top-k into ``out`` [T, >=topk] int32.
+
+    ``q_fp8`` [T, H, D] FP8 codes; ``weights`` [T, H] fp32 (q scale folded in);
+    ``k_fp8`` [Nk, D] FP8 codes and ``k_scale`` [Nk] fp32 of the gathered
+    workspace; row t sees columns [ks[t], ke[t])."""
+    T, H, D = q_fp8.shape
+    dev = q_fp8.device
+    if T == 0:
+        return out
+    k_scale = k_scale.reshape(-1).to(torch.float32)
+    ks_all = cu_seqlen_ks.to(torch.int64)
+    ke_all = cu_seqlen_ke.to(torch.int64)
+    for r0 in range(0, T, row_chunk):
+        r1 = min(T, r0 + row_chunk)
+        ks, ke = ks_all[r0:r1], ke_all[r0:r1]
+        c0 = int(ks.min())
+        c1 = int(ke.max())
+        q = dequant_fp8(q_fp8[r0:r1])
+        w = weights[r0:r1].to(torch.float32)
+        best = None
+        tile = _tile_cols(r1 - r0, H, tile_budget)
+        for t0 in range(c0, max(c1, c0 + 1), tile):
+            t1 = min(max(c1, c0 + 1), t0 + tile)
+            k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
+            logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))
+            cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
+            valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
+            keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
+            best = merge_topk(best, keys, topk)
+        out[r0:r1, :topk] = keys_to_indices(best)
+    return out
+
+
+def split_indexer_pages(kv_cache: torch.Tensor, block_size: int, head_dim: int = 128):
+    """Flat pages [nb, >= bs*(D+4)] -> (codes [nb, bs, D] uint8, scales [nb, bs] fp32)."""
+    nb = kv_cache.shape[0]
+    flat = kv_cache.reshape(nb, -1)
+    codes = flat[:, : block_size * head_dim].view(nb, block_size, head_dim)
+    scales = flat[:, block_size * head_dim: block_size * (head_dim + 4)].contiguous()
+    return codes, scales.view(torch.float32).view(nb, block_size)
+
+
+def decode_topk(
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    topk: int,
+    out: torch.Tensor,
+    *,
+    pages_per_tile: int | None = None,
+    tile_budget: int = DEFAULT_TILE_BUDGET,
+) -> torch.Tensor:
+    """Paged decode scoring + top-k into ``out`` [B * next_n, >= topk] int32.
+
+    ``q_fp8`` [B, next_n, H, D]; ``weights`` [B * next_n, H] fp32;
+    ``kv_cache`` indexer pages; ``context_lens`` [B] or [B, next_n] (number of
+    visible compressed entries per row); ``block_table`` [B, maxb] int32.
+    Static shapes only: safe under CUDA-graph capture."""
+    B, NN, H, D = q_fp8.shape
+    dev = q_fp8.device
+    rows = B * NN
+    if rows == 0:
+        return out
+    codes, scales = split_indexer_pages(kv_cache, block_size, D)
+    ctx = context_lens.reshape(B, -1).to(torch.int64)
+    if ctx.shape[1] != NN:
+        ctx = ctx[:, -1:].expand(B, NN)
+    q = dequant_fp8(q_fp8)  # [B, NN, H, D]
+    w = weights[:rows].to(torch.float32).view(B, NN, H)
+    maxb = block_table.shape[1]
+    if pages_per_tile is None:
+        pages_per_tile = max(1, _tile_cols(rows, H, tile_budget, lo=block_size) // block_size)
+    best = None
+    bt = block_table.to(torch.int64).clamp(min=0)
+    for p0 in range(0, maxb, pages_per_tile):
+        p1 = min(maxb, p0 + pages_per_tile)
+        pages = bt[:, p0:p1]  # [B, np]
+        k = dequant_fp8(codes[pages]).reshape(B, -1, D)  # [B, np*bs, D]
+        ksc = scales[pages].reshape(B, -1)  # [B, np*bs]
+        s = torch.einsum("bihd,bnd->bihn", q, k)
+        s = torch.relu_(s).mul_(w.unsqueeze(-1)).sum(dim=2) * ksc.unsqueeze(1)
+        cols = torch.arange(p0 * block_size, p1 * block_size, device=dev)
+        valid = cols.view(1, 1, -1) < ctx.unsqueeze(-1)
+        keys = order_keys(s.reshape(rows, -1), cols.unsqueeze(0), valid.reshape(rows, -1))
+        best = merge_topk(best, keys, topk)
+    out[:rows, :topk] = keys_to_indices(best)
+    return out
+
+
+def reference_topk_sets(logits64: torch.Tensor, valid: torch.Tensor, topk: int) -> list[set[int]]:
+    """Oracle: per row, the ``topk`` valid columns by (score desc, index asc)."""
+    res = []
+    for r in range(logits64.shape[0]):
+        cols = valid[r].nonzero().flatten().tolist()
+        vals = logits64[r].tolist()
+        cols.sort(key=lambda j: (-vals[j], j))
+        res.append(set(cols[:topk]))
+    return res
