@@ -1,0 +1,88 @@
+"""CPU checks of the SM80 indexer (scoring + deterministic top-k)."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "overlay"))
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+
+from indexer_cases import dyadic_fp8, dyadic_weights, k_scales, logits64  # noqa: E402
+
+
+def test_order_keys_total_order_and_ties():
+    logits = torch.tensor([[1.0, 3.0, 3.0, -0.0, 0.0, -5.0, float("nan"), 3.0]])
+    cols = torch.arange(8).unsqueeze(0)
+    valid = torch.ones_like(logits, dtype=torch.bool)
+    valid[0, 7] = False
+    keys = I.order_keys(logits, cols, valid)
+    best = I.merge_topk(None, keys, 5)
+    # 3.0 at 1 and 2 (lower first), then 1.0, then +0/-0 tie -> column 3 first
+    assert I.keys_to_indices(best).tolist() == [[1, 2, 0, 3, 4]]
+    # fewer valid than k -> -1 padding
+    out = I.keys_to_indices(I.merge_topk(None, keys[:, :2], 4))
+    assert out.tolist() == [[1, 0, -1, -1]]
+
+
+@pytest.mark.parametrize("row_chunk,budget", [(256, 1 << 25), (3, 4096)])
+def test_prefill_topk_matches_oracle_sets(row_chunk, budget):
+    g = torch.Generator().manual_seed(0)
+    T, H, D, N, K = 37, 8, 128, 300, 64
+    qc, q64 = dyadic_fp8((T, H, D), g)
+    kc, k64 = dyadic_fp8((N, D), g)
+    w64 = dyadic_weights((T, H), g)
+    ks64 = k_scales(N, g)
+    # two requests: rows 0..19 see [0, 160) causally, rows 20.. see [160, 300)
+    ks = torch.tensor([0] * 20 + [160] * 17)
+    ke = torch.tensor([min(160, 100 + 3 * t) for t in range(20)] + [160 + 5 + 8 * t for t in range(17)])
+    out = torch.full((T, K), -7, dtype=torch.int32)
+    I.prefill_topk(qc, w64.float(), kc, ks64.float(), ks, ke, K, out, row_chunk=row_chunk, tile_budget=budget)
+    L = logits64(q64, w64, k64, ks64)
+    cols = torch.arange(N).unsqueeze(0)
+    valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
+    want = I.reference_topk_sets(L, valid, K)
+    ties = 0
+    for t in range(T):
+        got = out[t].tolist()
+        n = int(valid[t].sum())
+        assert got[min(n, K):] == [-1] * (K - min(n, K))
+        assert {j + int(ks[t]) for j in got if j >= 0} == want[t], t
+        vals = L[t][valid[t]]
+        ties += int(vals.numel() - vals.unique().numel())
+    assert ties > 0  # the data really exercises tie-breaking
+
+
+@pytest.mark.parametrize("next_n", [1, 6])
+def test_decode_topk_paged_matches_oracle_sets(next_n):
+    g = torch.Generator().manual_seed(1)
+    B, H, D, bs, K = 3, 8, 128, 64, 64
+    ctx_base = [70, 200, 5]
+    maxb = 5
+    nb = 16
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    perm = torch.randperm(nb, generator=g)
+    bt = perm[: B * maxb].view(B, maxb).int()
+    bt[2, 1:] = -1  # unused table entries
+    qc, q64 = dyadic_fp8((B, next_n, H, D), g)
+    w64 = dyadic_weights((B * next_n, H), g)
+    ctx = torch.tensor([[c + i for i in range(next_n)] for c in ctx_base])
+    out = torch.full((B * next_n, K), -7, dtype=torch.int32)
+    I.decode_topk(qc, w64.float(), pages, ctx, bt, bs, K, out, pages_per_tile=2)
+    for b in range(B):
+        kv64 = torch.cat([vals[int(p)] if p >= 0 else torch.zeros(bs, D, dtype=torch.float64)
+                          for p in bt[b]])
+        ks64 = torch.cat([sc[int(p)] if p >= 0 else torch.ones(bs, dtype=torch.float64) for p in bt[b]])
+        L = logits64(q64[b], w64[b * next_n:(b + 1) * next_n], kv64, ks64)
+        valid = torch.arange(kv64.shape[0]).unsqueeze(0) < ctx[b].unsqueeze(1)
+        want = I.reference_topk_sets(L, valid, K)
+        for i in range(next_n):
+            got = out[b * next_n + i].tolist()
+            assert {j for j in got if j >= 0} == want[i]
+            n = int(valid[i].sum())
+            assert sum(j >= 0 for j in got) == min(n, K)
