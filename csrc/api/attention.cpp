@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: Apache-2.0
+// Torch-facing entry points of the SM80 sparse MLA attention kernels: argument checks,
+// tile-configuration and split choice, launch. No math here.
+//
+//   sparse_mla_decode   drop-in for upstream's flash_mla_with_kvcache decode call
+//   sparse_mla_prefill  drop-in for upstream's flash_mla_sparse_fwd
+//   sparse_mla_plan     the configuration / split a call would use (for tests and docs)
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../attention/params.h"
+
+namespace deepinfer_sm80::attention {
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kRecordBytes = kDataBytes + kScaleBytes;
+
+int device_smem_cap(int64_t forced) {
+  int dev = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return forced > 0 ? static_cast<int>(std::min<int64_t>(forced, optin)) : optin;
+}
+
+int device_sms(int64_t forced) {
+  if (forced > 0) return static_cast<int>(forced);
+  int dev = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+LaunchInfo info_of(TileConfigId id, bool fp8) {
+  return fp8 ? decode_launch_info(id) : prefill_launch_info(id);
+}
+
+// Widest configuration (most heads per block, up to the head count) that fits the cap.
+TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
+  const TileConfigId order[] = {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16,
+                                TileConfigId::kH8};
+  for (TileConfigId id : order) {
+    const LaunchInfo li = info_of(id, fp8);
+    if (li.heads_per_block > 8 && li.heads_per_block > heads) continue;
+    if (li.smem_bytes <= smem_cap) return id;
+  }
+  TORCH_CHECK(false, "sparse MLA attention: no tile configuration fits in ", smem_cap,
+              " bytes of shared memory per block (the smallest needs ",
+              info_of(TileConfigId::kH8, fp8).smem_bytes, ")");
+}
+
+// Split count for decode: fill the machine without paying for many partials. Cost model in
+// tiles of work: waves * (tiles per block + 2 for Q load / epilogue) + 1 for the combine.
+int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const LaunchInfo& li,
+                  int sms, int smem_cap) {
+  if (tokens == 0 || capacity <= li.keys_per_tile) return 1;
+  const int64_t max_splits = std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, 64);
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>((smem_cap + 1024) / (li.smem_bytes + 1024),
+                                                                 2048 / li.threads));
+  const int64_t slots = sms * per_sm;
+  const int64_t base = tokens * groups;
+  double best = 1e30;
+  int best_s = 1;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t waves = (base * s + slots - 1) / slots;
+    const int64_t tiles = (capacity + s * li.keys_per_tile - 1) / (s * li.keys_per_tile);
+    const double cost = static_cast<double>(waves) * (tiles + 2) + (s > 1 ? 1.0 : 0.0);
+    if (cost < best - 1e-9) {
+      best = cost;
+      best_s = static_cast<int>(s);
+    }
+  }
+  return best_s;
+}
+
+void check_16b(const Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must start on a 16-byte boundary (pass a contiguous tensor)");
+}
+
+void check_rows(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
+  for (int d = 0; d < t.dim() - 1; ++d)
+    TORCH_CHECK(t.size(d) <= 1 || t.stride(d) % 8 == 0, name,
+                " strides must be multiples of 8 elements (16 bytes)");
+  check_16b(t, name);
+}
+
+struct IndexList {
+  const int32_t* ptr = nullptr;
+  int64_t stride = 0;
+  int topk = 0;
+};
+
+IndexList check_indices(const Tensor& idx, int64_t tokens, const char* name) {
+  TORCH_CHECK(idx.is_cuda() && idx.scalar_type() == at::kInt, name, " must be a CUDA int32 tensor");
+  TORCH_CHECK(idx.dim() == 2 || (idx.dim() == 3 && idx.size(1) == 1), name,
+              " must be [tokens, topk] or [tokens, 1, topk], got ", idx.sizes());
+  TORCH_CHECK(idx.size(0) == tokens, name, " has ", idx.size(0), " rows for ", tokens, " query tokens");
+  TORCH_CHECK(idx.stride(-1) == 1, name, " must be contiguous in its last dimension");
+  return IndexList{idx.data_ptr<int32_t>(), idx.stride(0), static_cast<int>(idx.size(-1))};
+}
+
+const int32_t* check_lens(const c10::optional<Tensor>& lens, int64_t tokens, const char* name) {
+  if (!lens.has_value()) return nullptr;
+  const Tensor& l = *lens;
+  TORCH_CHECK(l.is_cuda() && l.scalar_type() == at::kInt && l.is_contiguous(), name,
+              " must be a contiguous CUDA int32 tensor");
+  TORCH_CHECK(l.numel() == tokens, name, " must have one entry per query token (", tokens, "), got ",
+              l.numel());
+  return l.data_ptr<int32_t>();
+}
+
+KeySource check_fp8_cache(const Tensor& cache, const char* name) {
+  TORCH_CHECK(cache.is_cuda() && cache.element_size() == 1, name,
+              " must be the CUDA uint8 fp8_ds_mla paged cache");
+  TORCH_CHECK(cache.dim() >= 3 && cache.size(-1) == kRecordBytes, name,
+              " must be [num_blocks, block_size, (1,) 584], got ", cache.sizes());
+  TORCH_CHECK(cache.stride(0) % 16 == 0, name, " block stride (", cache.stride(0),
+              " bytes) must be a multiple of 16");
+  TORCH_CHECK(cache.stride(0) >= cache.size(1) * kRecordBytes, name, " block stride (", cache.stride(0),
+              ") is smaller than block_size * 584");
+  check_16b(cache, name);
+  KeySource s;
+  s.base = static_cast<const uint8_t*>(cache.data_ptr());
+  s.block_stride = cache.stride(0);
+  s.block_size = static_cast<int>(cache.size(1));
+  return s;
+}
+
+float* check_stat(const c10::optional<Tensor>& t, int64_t tokens, int64_t heads, const char* name,
+                  int64_t& s_tok, int64_t& s_head) {
+  if (!t.has_value()) return nullptr;
+  const Tensor& x = *t;
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat, name, " must be a CUDA float32 tensor");
+  TORCH_CHECK(x.dim() >= 2 && x.size(0) == tokens && x.size(1) == heads, name,
+              " must be [tokens, heads(, 1)], got ", x.sizes());
+  s_tok = x.stride(0);
+  s_head = x.stride(1);
+  return x.data_ptr<float>();
+}
+
+const float* check_sink(const c10::optional<Tensor>& sink, int64_t heads) {
+  if (!sink.has_value()) return nullptr;
+  const Tensor& s = *sink;
+  TORCH_CHECK(s.is_cuda() && s.scalar_type() == at::kFloat && s.is_contiguous(),
+              "attn_sink must be a contiguous CUDA float32 tensor");
+  TORCH_CHECK(s.numel() >= heads, "attn_sink has ", s.numel(), " entries for ", heads, " heads");
+  return s.data_ptr<float>();
+}
+
+void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& swa_indices,
+                       const c10::optional<Tensor>& swa_lens, const c10::optional<Tensor>& extra_cache,
+                       const c10::optional<Tensor>& extra_indices,
+                       const c10::optional<Tensor>& extra_lens, const c10::optional<Tensor>& attn_sink,
+                       double scale, Tensor& out, const c10::optional<Tensor>& lse, int64_t num_sms,
+                       int64_t smem_cap, int64_t num_splits) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16, "q must be a CUDA bfloat16 tensor");
+  TORCH_CHECK(q.dim() == 4 && q.size(1) == 1 && q.size(3) == kHeadDim,
+              "q must be [tokens, 1, heads, 512] (one row per decode token), got ", q.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == at::kBFloat16,
+              "out must be a bfloat16 tensor shaped like q");
+  check_rows(q, "q");
+  check_rows(out, "out");
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t T = q.size(0), H = q.size(2);
+
+  SparseMlaParams p;
+  p.num_tokens = static_cast<int>(T);
+  p.num_heads = static_cast<int>(H);
+  p.q = q.data_ptr();
+  p.q_stride_tok = q.stride(0);
+  p.q_stride_head = q.stride(2);
+  p.out = out.data_ptr();
+  p.out_stride_tok = out.stride(0);
+  p.out_stride_head = out.stride(2);
+  p.src[0] = check_fp8_cache(swa_cache, "swa_cache");
+  IndexList l0 = check_indices(swa_indices, T, "swa_indices");
+  p.src[0].indices = l0.ptr;
+  p.src[0].indices_stride = l0.stride;
+  p.src[0].topk = l0.topk;
+  p.src[0].lens = check_lens(swa_lens, T, "swa_lens");
+  p.num_sources = 1;
+  if (extra_cache.has_value() || extra_indices.has_value()) {
+    TORCH_CHECK(extra_cache.has_value() && extra_indices.has_value(),
+                "extra_cache and extra_indices go together");
+    p.src[1] = check_fp8_cache(*extra_cache, "extra_cache");
+    IndexList l1 = check_indices(*extra_indices, T, "extra_indices");
+    p.src[1].indices = l1.ptr;
+    p.src[1].indices_stride = l1.stride;
+    p.src[1].topk = l1.topk;
+    p.src[1].lens = check_lens(extra_lens, T, "extra_lens");
+    p.num_sources = 2;
+  }
+  p.sink = check_sink(attn_sink, H);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.lse = check_stat(lse, T, H, "lse", p.lse_stride_tok, p.lse_stride_head);
+  if (T == 0 || H == 0) return;
+
+  const int cap = device_smem_cap(smem_cap);
+  const TileConfigId id = choose_config(H, true, cap);
+  const LaunchInfo li = decode_launch_info(id);
+  const int64_t groups = (H + li.heads_per_block - 1) / li.heads_per_block;
+  const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
+  int splits = num_splits > 0 ? static_cast<int>(num_splits)
+                              : choose_splits(T, groups, capacity, li, device_sms(num_sms), cap);
+  const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
+  splits = static_cast<int>(std::min<int64_t>(splits, tiles));
+  p.num_splits = std::max(1, splits);
+  const int64_t tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  p.keys_per_split = static_cast<int>(tiles_per_split * li.keys_per_tile);
+
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  Tensor part_o, part_ml;
+  if (p.num_splits > 1) {
+    part_o = at::empty({T, p.num_splits, H, kHeadDim}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({T, p.num_splits, 2, H}, q.options().dtype(at::kFloat));
+    p.part_o = part_o.data_ptr<float>();
+    p.part_ml = part_ml.data_ptr<float>();
+  }
+  C10_CUDA_CHECK(launch_decode(p, id, stream));
+  if (p.num_splits > 1) C10_CUDA_CHECK(launch_sparse_mla_combine(p, stream));
+}
+
+void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices,
+                        const c10::optional<Tensor>& topk_length, const c10::optional<Tensor>& attn_sink,
+                        double scale, Tensor& out, const c10::optional<Tensor>& max_logits,
+                        const c10::optional<Tensor>& lse, int64_t smem_cap) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16, "q must be a CUDA bfloat16 tensor");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == kHeadDim, "q must be [tokens, heads, 512], got ", q.sizes());
+  TORCH_CHECK(kv.is_cuda() && kv.scalar_type() == at::kBFloat16, "kv must be a CUDA bfloat16 tensor");
+  TORCH_CHECK((kv.dim() == 3 && kv.size(1) == 1 && kv.size(2) == kHeadDim) ||
+                  (kv.dim() == 2 && kv.size(1) == kHeadDim),
+              "kv must be [s_kv, 1, 512] (one kv head), got ", kv.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == at::kBFloat16,
+              "out must be a bfloat16 tensor shaped like q");
+  check_rows(q, "q");
+  check_rows(out, "out");
+  check_rows(kv, "kv");
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t T = q.size(0), H = q.size(1);
+
+  SparseMlaParams p;
+  p.num_tokens = static_cast<int>(T);
+  p.num_heads = static_cast<int>(H);
+  p.q = q.data_ptr();
+  p.q_stride_tok = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data_ptr();
+  p.out_stride_tok = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  KeySource& s = p.src[0];
+  s.base = static_cast<const uint8_t*>(kv.data_ptr());
+  s.row_stride = kv.stride(0) * 2;
+  s.num_rows = kv.size(0);
+  IndexList l0 = check_indices(indices, T, "indices");
+  s.indices = l0.ptr;
+  s.indices_stride = l0.stride;
+  s.topk = l0.topk;
+  s.lens = check_lens(topk_length, T, "topk_length");
+  p.num_sources = 1;
+  p.sink = check_sink(attn_sink, H);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.lse = check_stat(lse, T, H, "lse", p.lse_stride_tok, p.lse_stride_head);
+  p.max_logits = check_stat(max_logits, T, H, "max_logits", p.ml_stride_tok, p.ml_stride_head);
+  if (T == 0 || H == 0) return;
+  const TileConfigId id = choose_config(H, false, device_smem_cap(smem_cap));
+  C10_CUDA_CHECK(launch_prefill(p, id, c10::cuda::getCurrentCUDAStream()));
+}
+
+// [heads_per_block, keys_per_tile, threads, smem_bytes, splits] that a call would use.
+std::vector<int64_t> sparse_mla_plan(int64_t num_tokens, int64_t num_heads, int64_t capacity, bool fp8,
+                                     int64_t num_sms, int64_t smem_cap) {
+  const int cap = device_smem_cap(smem_cap);
+  const TileConfigId id = choose_config(num_heads, fp8, cap);
+  const LaunchInfo li = info_of(id, fp8);
+  const int64_t groups = (num_heads + li.heads_per_block - 1) / li.heads_per_block;
+  const int splits = fp8 ? choose_splits(num_tokens, groups, capacity, li, device_sms(num_sms), cap) : 1;
+  return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, splits};
+}
+
+}  // namespace
+}  // namespace deepinfer_sm80::attention
+
+TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
+  m.def(
+      "sparse_mla_decode(Tensor q, Tensor swa_cache, Tensor swa_indices, Tensor? swa_lens, "
+      "Tensor? extra_cache, Tensor? extra_indices, Tensor? extra_lens, Tensor? attn_sink, "
+      "float scale, Tensor(a!) out, Tensor(b!)? lse, int num_sms=0, int smem_cap=0, "
+      "int num_splits=0) -> ()");
+  m.def(
+      "sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, "
+      "Tensor? attn_sink, float scale, Tensor(a!) out, Tensor(b!)? max_logits, Tensor(c!)? lse, "
+      "int smem_cap=0) -> ()");
+  m.def(
+      "sparse_mla_plan(int num_tokens, int num_heads, int capacity, bool fp8, int num_sms=0, "
+      "int smem_cap=0) -> int[]",
+      &deepinfer_sm80::attention::sparse_mla_plan);
+}
+
+TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
+  m.impl("sparse_mla_decode", &deepinfer_sm80::attention::sparse_mla_decode);
+  m.impl("sparse_mla_prefill", &deepinfer_sm80::attention::sparse_mla_prefill);
+}

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tile configurations. SM80 (A100: 163 KB of opt-in shared memory per block) runs the
+// wide ones; SM86 (A6000 / RTX 30xx: 99 KB) runs the ones marked so. The launcher picks
+// the widest configuration whose shared memory fits the device's limit (or a forced cap).
+//
+//            heads  keys  warps  score n-tiles  stages   smem bf16 / fp8 (bytes)
+//  kH64       64     32     8        2            2       146432 / 151040   SM80
+//  kH32       32     32     8        1            2       106624 / 111232   SM80
+//  kH16       16     32     4        1            2        86720 /  91328   SM80, SM86
+//  kH8         8     32     4        1            2        76768 /  81376   SM80, SM86
+#pragma once
+
+#include "tile_config.h"
+
+namespace deepinfer_sm80::attention {
+
+using CfgH64 = TileConfig<64, 32, 8, 2, 2>;
+using CfgH32 = TileConfig<32, 32, 8, 1, 2>;
+
+constexpr int kSmemCapSm80 = 163 * 1024;
+
+}  // namespace deepinfer_sm80::attention

@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+// Exact decode of the V4 fp8_ds_mla NoPE bytes: e4m3 code times a UE8M0 group scale,
+// rounded to bf16 (the product is a bf16 number, so the rounding is exact whenever the
+// result is in bf16's range, which a finite cache entry always is).
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+namespace deepinfer_sm80::attention::fp8 {
+
+// 2^(byte - 127) as fp32 (byte 0 -> 2^-127, a subnormal; 255 -> inf).
+__device__ __forceinline__ float ue8m0_scale(uint32_t byte) {
+  return byte ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
+}
+
+// Value of one e4m3 code as fp32, times 2^-120: the 7 magnitude bits placed in the fp32
+// exponent/mantissa fields (a subnormal code becomes an fp32 subnormal), sign on top.
+__device__ __forceinline__ float e4m3_bits_times_2m120(uint32_t code) {
+  return __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7Fu) << 20));
+}
+
+// Four codes (little-endian in w) times scale -> two packed bf16x2 words.
+__device__ __forceinline__ void e4m3x4_scaled_to_bf16x4(uint32_t w, float scale,
+                                                        uint32_t& lo, uint32_t& hi) {
+  // scale * 2^120 in two steps: each product is exact (no double rounding) unless the
+  // result itself overflows.
+  const float k = 0x1p120f;
+  float f0 = e4m3_bits_times_2m120(w & 0xFFu) * k * scale;
+  float f1 = e4m3_bits_times_2m120((w >> 8) & 0xFFu) * k * scale;
+  float f2 = e4m3_bits_times_2m120((w >> 16) & 0xFFu) * k * scale;
+  float f3 = e4m3_bits_times_2m120(w >> 24) * k * scale;
+  __nv_bfloat162 a = __floats2bfloat162_rn(f0, f1);
+  __nv_bfloat162 b = __floats2bfloat162_rn(f2, f3);
+  lo = *reinterpret_cast<uint32_t*>(&a);
+  hi = *reinterpret_cast<uint32_t*>(&b);
+}
+
+}  // namespace deepinfer_sm80::attention::fp8

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// Launch helper shared by the decode (fp8) and prefill (bf16) instantiation files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "config_sm80.h"
+#include "config_sm86.h"
+#include "sparse_mla_kernel.cuh"
+
+namespace deepinfer_sm80::attention {
+
+template <class Cfg, bool kFp8>
+LaunchInfo launch_info_of() {
+  return LaunchInfo{Cfg::HG, Cfg::BK, Cfg::NTHREADS, Cfg::template Layout<kFp8>::total};
+}
+
+template <class Cfg, bool kFp8>
+cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
+  constexpr int smem = Cfg::template Layout<kFp8>::total;
+  auto kernel = sparse_mla_kernel<Cfg, kFp8>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const long long groups = (p.num_heads + Cfg::HG - 1) / Cfg::HG;
+  const long long blocks = static_cast<long long>(p.num_tokens) * p.num_splits * groups;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <bool kFp8>
+LaunchInfo launch_info_dispatch(TileConfigId id) {
+  switch (id) {
+    case TileConfigId::kH64: return launch_info_of<CfgH64, kFp8>();
+    case TileConfigId::kH32: return launch_info_of<CfgH32, kFp8>();
+    case TileConfigId::kH16: return launch_info_of<CfgH16, kFp8>();
+    default: return launch_info_of<CfgH8, kFp8>();
+  }
+}
+
+template <bool kFp8>
+cudaError_t launch_dispatch(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
+  switch (id) {
+    case TileConfigId::kH64: return launch_cfg<CfgH64, kFp8>(p, stream);
+    case TileConfigId::kH32: return launch_cfg<CfgH32, kFp8>(p, stream);
+    case TileConfigId::kH16: return launch_cfg<CfgH16, kFp8>(p, stream);
+    case TileConfigId::kH8: return launch_cfg<CfgH8, kFp8>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace deepinfer_sm80::attention

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: Apache-2.0
+// SM80 sparse MLA attention: one block = one query token x one group of HG heads x one
+// split of the token's key list. Keys stream through shared memory in tiles of BK:
+//   bf16 source (prefill): cp.async of 1 KB rows straight into the swizzled tile;
+//   fp8 source (decode):   cp.async of the raw 584-byte records, then an exact in-block
+//                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile.
+// Per tile:  S^T = K Q^T   (mma m16n8k16: keys on m16, heads on n8)  -> smem (fp32)
+//            online softmax per head (log2 domain) -> P (bf16) in smem, rescale factors
+//            O^T += V^T P^T (mma m16n8k16: head dims on m16, heads on n8, V = K tile)
+// End: out = O / (l + 2^(sink*log2e - m)) and lse, or (m, l, O) partials for combine.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#include "detail/fp8_record.cuh"
+#include "detail/sm80_ptx.cuh"
+#include "params.h"
+#include "tile_config.h"
+
+namespace deepinfer_sm80::attention {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * 1024 + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ int list_len(const KeySource& s, int tok) {
+  if (s.indices == nullptr) return 0;
+  if (s.lens == nullptr) return s.topk;
+  int n = s.lens[tok];
+  return n < 0 ? 0 : (n > s.topk ? s.topk : n);
+}
+
+template <class Cfg, bool kFp8>
+__global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const SparseMlaParams p) {
+  using L = typename Cfg::template Layout<kFp8>;
+  constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
+  constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, DM = Cfg::DM, TPH = Cfg::TPH;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t s_base = ptx::smem_u32(smem);
+  float* s_scores = reinterpret_cast<float*>(smem + L::scores);
+  __nv_bfloat16* s_probs = reinterpret_cast<__nv_bfloat16*>(smem + L::probs);
+  int* s_valid = reinterpret_cast<int*>(smem + L::valid);
+  float* s_alpha = reinterpret_cast<float*>(smem + L::alpha);
+  float* s_m = reinterpret_cast<float*>(smem + L::stat_m);
+  float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int groups = (p.num_heads + HG - 1) / HG;
+  int bid = blockIdx.x;
+  const int hgi = bid % groups;
+  bid /= groups;
+  const int split = bid % p.num_splits;
+  const int tok = bid / p.num_splits;
+  const int head0 = hgi * HG;
+
+  const int len0 = list_len(p.src[0], tok);
+  const int len1 = p.num_sources > 1 ? list_len(p.src[1], tok) : 0;
+  const int n_keys = len0 + len1;
+  int k_begin = 0, k_end = n_keys;
+  if (p.num_splits > 1) {
+    k_begin = split * p.keys_per_split;
+    k_end = min(n_keys, k_begin + p.keys_per_split);
+  }
+  const int num_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+  // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
+  {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
+    for (int i = tid; i < HG * 64; i += NT) {
+      const int r = i >> 6, c = i & 63, h = head0 + r;
+      const bool ok = h < p.num_heads;
+      const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
+      ptx::cp_async_16(s_base + L::q + swz(r, c), src, ok ? 16 : 0);
+    }
+  }
+
+  // ---- tile loader (tile j -> stage j % STAGES)
+  auto load_tile = [&](int j) {
+    const int st = j % STAGES;
+    const int kb = k_begin + j * BK;
+    if constexpr (!kFp8) {
+      for (int i = tid; i < BK * 64; i += NT) {
+        const int r = i >> 6, c = i & 63, k = kb + r;
+        bool ok = false;
+        const uint8_t* src = p.src[0].base;
+        if (k < k_end) {
+          const int s = k < len0 ? 0 : 1;
+          const KeySource& ks = p.src[s];
+          const int pos = s ? k - len0 : k;
+          const int idx = ks.indices[tok * ks.indices_stride + pos];
+          ok = idx >= 0 && idx < ks.num_rows;
+          if (ok) src = ks.base + static_cast<int64_t>(idx) * ks.row_stride + c * 16;
+        }
+        ptx::cp_async_16(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0);
+        if (c == 0) s_valid[st * BK + r] = ok;
+      }
+    } else {
+      constexpr int kChunks = kDataBytes / 16 + 1;  // 36 data chunks + the scales
+      for (int i = tid; i < BK * kChunks; i += NT) {
+        const int r = i / kChunks, c = i - r * kChunks, k = kb + r;
+        bool ok = false;
+        const uint8_t* src = p.src[0].base;
+        if (k < k_end) {
+          const int s = k < len0 ? 0 : 1;
+          const KeySource& ks = p.src[s];
+          const int pos = s ? k - len0 : k;
+          const int idx = ks.indices[tok * ks.indices_stride + pos];
+          ok = idx >= 0;
+          if (ok) {
+            const int64_t blk = idx / ks.block_size;
+            const int64_t off = idx - blk * ks.block_size;
+            const uint8_t* block = ks.base + blk * ks.block_stride;
+            src = c < kChunks - 1
+                      ? block + off * kDataBytes + c * 16
+                      : block + static_cast<int64_t>(ks.block_size) * kDataBytes + off * kScaleBytes;
+          }
+        }
+        if (c < kChunks - 1) {
+          ptx::cp_async_16(s_base + L::raw + st * Cfg::kRawBytes + r * kDataBytes + c * 16, src,
+                           ok ? 16 : 0);
+        } else {
+          ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + r * kScaleBytes, src,
+                          ok ? 8 : 0);
+          s_valid[st * BK + r] = ok;
+        }
+      }
+    }
+  };
+
+  // ---- prologue: Q joins the first group
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < num_tiles) load_tile(s);
+    ptx::cp_async_commit();
+  }
+
+  float acc[DM][HN][4];
+#pragma unroll
+  for (int a = 0; a < DM; ++a)
+#pragma unroll
+    for (int b = 0; b < HN; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+
+  const int sm_head = tid / TPH;   // softmax: head of this thread
+  const int sm_part = tid % TPH;   // softmax: key offset of this thread
+  float m_run = -INFINITY, l_run = 0.f;
+  const int g = lane >> 2, t = lane & 3;
+
+  for (int j = 0; j < num_tiles; ++j) {
+    ptx::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int jn = j + STAGES - 1;
+      if (jn < num_tiles) load_tile(jn);
+      ptx::cp_async_commit();
+    }
+    const int st = j % STAGES;
+    uint32_t kt = s_base + L::kv;
+    if constexpr (kFp8) {
+      // raw records of stage st -> bf16 tile (exact), 8 values per thread step
+      const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes;
+      const uint8_t* rsc = smem + L::raw_scale + st * Cfg::kRawScaleBytes;
+      uint8_t* tile = smem + L::kv;
+      for (int i = tid; i < BK * 64; i += NT) {
+        const int r = i >> 6, c = i & 63;
+        uint4 v;
+        if (c < kNopeDim / 8) {
+          const uint2 w = *reinterpret_cast<const uint2*>(raw + r * kDataBytes + c * 8);
+          const float sc = fp8::ue8m0_scale(rsc[r * kScaleBytes + (c >> 3)]);
+          fp8::e4m3x4_scaled_to_bf16x4(w.x, sc, v.x, v.y);
+          fp8::e4m3x4_scaled_to_bf16x4(w.y, sc, v.z, v.w);
+        } else {
+          v = *reinterpret_cast<const uint4*>(raw + r * kDataBytes + kNopeDim + (c - kNopeDim / 8) * 16);
+        }
+        *reinterpret_cast<uint4*>(tile + swz(r, c)) = v;
+      }
+      __syncthreads();
+    } else {
+      kt += st * Cfg::kTileBytes;
+    }
+
+    // ---- scores: S^T[key][head] = K Q^T
+    if (warp < Cfg::S_WARPS) {
+      const int km = warp / (HN / NTW);
+      const int hn0 = (warp % (HN / NTW)) * NTW;
+      float sacc[NTW][4];
+#pragma unroll
+      for (int n = 0; n < NTW; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sacc[n][c] = 0.f;
+      const int mi = lane >> 3;
+      const int a_row = km * 16 + (mi & 1) * 8 + (lane & 7);
+      const int a_chunk = mi >> 1;
+#pragma unroll 4
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        uint32_t a[4];
+        ptx::ldmatrix_x4(kt + swz(a_row, ks * 2 + a_chunk), a[0], a[1], a[2], a[3]);
+        if constexpr (NTW == 1) {
+          const int b_row = hn0 * 8 + (lane & 7);
+          uint32_t b0, b1;
+          ptx::ldmatrix_x2(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1);
+          ptx::mma_bf16_16816(sacc[0], a, b0, b1);
+        } else {
+#pragma unroll
+          for (int n = 0; n < NTW; n += 2) {
+            const int b_row = (hn0 + n + (mi >> 1)) * 8 + (lane & 7);
+            uint32_t b0, b1, b2, b3;
+            ptx::ldmatrix_x4(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1, b2, b3);
+            ptx::mma_bf16_16816(sacc[n], a, b0, b1);
+            ptx::mma_bf16_16816(sacc[n + 1], a, b2, b3);
+          }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NTW; ++n) {
+        const int col = (hn0 + n) * 8 + 2 * t;
+        const int row = km * 16 + g;
+        *reinterpret_cast<float2*>(s_scores + row * Cfg::S_STRIDE + col) =
+            make_float2(sacc[n][0] * p.scale_log2, sacc[n][1] * p.scale_log2);
+        *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
+            make_float2(sacc[n][2] * p.scale_log2, sacc[n][3] * p.scale_log2);
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax, one head per TPH threads
+    {
+      const int* valid = s_valid + st * BK;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = sm_part; r < BK; r += TPH)
+        if (valid[r]) mx = fmaxf(mx, s_scores[r * Cfg::S_STRIDE + sm_head]);
+#pragma unroll
+      for (int o = TPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_run, mx);
+      float sum = 0.f;
+#pragma unroll
+      for (int r = sm_part; r < BK; r += TPH) {
+        const float pr = valid[r] ? exp2f(s_scores[r * Cfg::S_STRIDE + sm_head] - m_new) : 0.f;
+        const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
+        s_probs[sm_head * Cfg::P_STRIDE + r] = pb;
+        sum += __bfloat162float(pb);
+      }
+#pragma unroll
+      for (int o = TPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float alpha = (m_run == m_new) ? 1.f : exp2f(m_run - m_new);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      if (sm_part == 0) s_alpha[sm_head] = alpha;
+    }
+    __syncthreads();
+
+    // ---- O^T[dim][head] += V^T P^T
+    {
+      const int d_base = warp * Cfg::DW;
+#pragma unroll
+      for (int hn = 0; hn < HN; ++hn) {
+        const float a0 = s_alpha[hn * 8 + 2 * t], a1 = s_alpha[hn * 8 + 2 * t + 1];
+#pragma unroll
+        for (int dm = 0; dm < DM; ++dm) {
+          acc[dm][hn][0] *= a0;
+          acc[dm][hn][1] *= a1;
+          acc[dm][hn][2] *= a0;
+          acc[dm][hn][3] *= a1;
+        }
+      }
+      const int mi = lane >> 3;
+      const uint32_t p_base = s_base + L::probs;
+#pragma unroll
+      for (int kk = 0; kk < KM; ++kk) {
+        uint32_t b[HN][2];
+        if constexpr (HN == 1) {
+          const int row = (lane & 7);
+          ptx::ldmatrix_x2(p_base + (row * Cfg::P_STRIDE + kk * 16 + (mi & 1) * 8) * 2, b[0][0], b[0][1]);
+        } else {
+#pragma unroll
+          for (int hn = 0; hn < HN; hn += 2) {
+            const int row = (hn + (mi >> 1)) * 8 + (lane & 7);
+            ptx::ldmatrix_x4(p_base + (row * Cfg::P_STRIDE + kk * 16 + (mi & 1) * 8) * 2, b[hn][0],
+                             b[hn][1], b[hn + 1][0], b[hn + 1][1]);
+          }
+        }
+        const int v_row = kk * 16 + (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int dm = 0; dm < DM; ++dm) {
+          uint32_t a[4];
+          ptx::ldmatrix_x4_trans(kt + swz(v_row, (d_base + dm * 16) / 8 + (mi & 1)), a[0], a[1], a[2], a[3]);
+#pragma unroll
+          for (int hn = 0; hn < HN; ++hn) ptx::mma_bf16_16816(acc[dm][hn], a, b[hn][0], b[hn][1]);
+        }
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  // ---- epilogue
+  if (sm_part == 0) {
+    s_m[sm_head] = m_run;
+    s_l[sm_head] = l_run;
+  }
+  __syncthreads();
+  const int d_base = warp * Cfg::DW;
+  if (p.num_splits == 1) {
+    // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores
+    uint8_t* stage = smem + L::q;
+#pragma unroll
+    for (int hn = 0; hn < HN; ++hn) {
+      float inv[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int hl = hn * 8 + 2 * t + e, h = head0 + hl;
+        const float l = s_l[hl], m = s_m[hl];
+        float den = l;
+        if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m);
+        inv[e] = l > 0.f ? 1.f / den : 0.f;
+      }
+#pragma unroll
+      for (int dm = 0; dm < DM; ++dm) {
+        const int d = d_base + dm * 16 + g;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hl = hn * 8 + 2 * t + (e & 1);
+          const int dd = d + (e >> 1) * 8;
+          const __nv_bfloat16 v = __float2bfloat16_rn(acc[dm][hn][e] * inv[e & 1]);
+          *reinterpret_cast<__nv_bfloat16*>(stage + swz(hl, dd >> 3) + (dd & 7) * 2) = v;
+        }
+      }
+    }
+    __syncthreads();
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
+    for (int i = tid; i < HG * 64; i += NT) {
+      const int r = i >> 6, c = i & 63, h = head0 + r;
+      if (h < p.num_heads)
+        *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + swz(r, c));
+    }
+    if (tid < HG && head0 + tid < p.num_heads) {
+      const int h = head0 + tid;
+      const float l = s_l[tid], m = s_m[tid];
+      if (p.lse != nullptr)
+        p.lse[tok * p.lse_stride_tok + h * p.lse_stride_head] = l > 0.f ? (m + log2f(l)) * kLn2 : INFINITY;
+      if (p.max_logits != nullptr)
+        p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l > 0.f ? m * kLn2 : -INFINITY;
+    }
+  } else {
+    const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + split) * p.num_heads;
+#pragma unroll
+    for (int hn = 0; hn < HN; ++hn)
+#pragma unroll
+      for (int dm = 0; dm < DM; ++dm)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = head0 + hn * 8 + 2 * t + (e & 1);
+          const int d = d_base + dm * 16 + g + (e >> 1) * 8;
+          if (h < p.num_heads) p.part_o[(row0 + h) * kHeadDim + d] = acc[dm][hn][e];
+        }
+    if (tid < HG && head0 + tid < p.num_heads) {
+      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 2 * p.num_heads;
+      p.part_ml[ml + head0 + tid] = s_m[tid];
+      p.part_ml[ml + p.num_heads + head0 + tid] = s_l[tid];
+    }
+  }
+}
+
+}  // namespace deepinfer_sm80::attention

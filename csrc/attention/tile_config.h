@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Compile-time tile configuration of the sparse MLA kernel and its shared-memory layout.
+//
+// Orientation (docs/attention.md): the score MMA computes S^T = K * Q^T with keys on the
+// m16 side and heads on the n8 side, so a block of 8 heads uses whole MMAs; the output MMA
+// computes O^T = V^T * P^T with head dims on m16 and heads again on n8.
+#pragma once
+
+#include "params.h"
+
+namespace deepinfer_sm80::attention {
+
+template <int kHG, int kBK, int kWarps, int kNTW, int kStages>
+struct TileConfig {
+  static constexpr int HG = kHG;          // heads per block
+  static constexpr int BK = kBK;          // keys per tile
+  static constexpr int NWARPS = kWarps;
+  static constexpr int NTHREADS = kWarps * 32;
+  static constexpr int NTW = kNTW;        // head n8-tiles per warp in the score MMA
+  static constexpr int STAGES = kStages;  // bf16: K/V tiles in flight; fp8: raw record tiles
+  static constexpr int KM = BK / 16;      // key m16-tiles per tile
+  static constexpr int HN = HG / 8;       // head n8-tiles
+  static constexpr int S_WARPS = KM * HN / NTW;  // warps busy in the score MMA
+  static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
+  static constexpr int DM = DW / 16;
+  static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
+  static constexpr int S_STRIDE = HG + 8;        // fp32 scores [BK][HG + 8]
+  static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
+
+  static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
+  static_assert((HN % NTW) == 0 && S_WARPS <= NWARPS, "score MMA split");
+  static_assert(DW % 16 == 0, "PV MMA split");
+  static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "softmax split");
+  static_assert(NTW <= 2 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
+
+  // Shared memory layout (bytes). Q and K/V rows are 1024 bytes with 16-byte chunks
+  // XOR-swizzled by (row & 7) so that ldmatrix of 8 rows touches 8 different bank groups.
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kTileBytes = BK * kRowBytes;
+  static constexpr int kRawBytes = BK * kDataBytes;      // fp8 records, data part
+  static constexpr int kRawScaleBytes = BK * kScaleBytes;
+  template <bool kFp8>
+  struct Layout {
+    static constexpr int q = 0;
+    static constexpr int kv = q + HG * kRowBytes;
+    static constexpr int kv_tiles = kFp8 ? 1 : STAGES;
+    static constexpr int raw = kv + kv_tiles * kTileBytes;
+    static constexpr int raw_scale = raw + (kFp8 ? STAGES * kRawBytes : 0);
+    static constexpr int scores = raw_scale + (kFp8 ? STAGES * kRawScaleBytes : 0);
+    static constexpr int probs = scores + BK * S_STRIDE * 4;
+    static constexpr int valid = probs + HG * P_STRIDE * 2;
+    static constexpr int alpha = valid + STAGES * BK * 4;
+    static constexpr int stat_m = alpha + HG * 4;
+    static constexpr int stat_l = stat_m + HG * 4;
+    static constexpr int total = stat_l + HG * 4;
+  };
+};
+
+}  // namespace deepinfer_sm80::attention
