@@ -1,0 +1,183 @@
+// dequantize_and_gather_k_cache for SM80+: V4 584-byte records -> bf16 rows [.., 512].
+//
+// One warp per entry, so every load and store instruction of a warp touches one
+// contiguous span: lane L writes output values [8L, 8L+8) and [256+8L, 256+8L+8)
+// (two 512-byte coalesced 16-byte stores per warp), reading NoPE codes [8L, 8L+8) and
+// [256+8L, ..) (8-byte loads) or, for L >= 24, RoPE values [8(L-24), ..) (16-byte loads).
+// The 8 scale bytes of the entry are one broadcast 8-byte load.
+//
+// Latency hiding: the block-table lookups for the next 32 entries of a warp are done
+// up front, one per lane, and handed out with shuffles; each iteration issues the loads
+// of two entries before any store. The grid is (blocks per request, requests), sized
+// from the SM count and the kernel's occupancy so that the whole GPU is covered once.
+//
+// Decode: e4m3 -> bf16 with the UE8M0 scale folded into one fp32 multiply
+// (common/fp8_e4m3.cuh, e4m3x4_to_bf16x4_scaled), identical to "fp32 decode * 2^(s-127),
+// RNE to bf16" (upstream's Triton kernel); groups with s outside [1, 246] and 8-byte
+// chunks holding a NaN code take the scalar path, which computes exactly that.
+#include <cuda_runtime.h>
+
+#include "cache/cache_kernels.h"
+#include "common/fp8_e4m3.cuh"
+#include "common/kv_record.cuh"
+#include "common/ue8m0.cuh"
+#include "common/vec.cuh"
+
+namespace deepinfer_sm80 {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = kWarpsPerBlock * 32;
+
+// 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
+__device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
+  uint4 r;
+  if (e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y)) {
+    const float mult = e4m3_fast_multiplier(s);
+    __nv_bfloat162 a, b, c, d;
+    e4m3x4_to_bf16x4_scaled(codes.x, mult, a, b);
+    e4m3x4_to_bf16x4_scaled(codes.y, mult, c, d);
+    r.x = *reinterpret_cast<uint32_t*>(&a);
+    r.y = *reinterpret_cast<uint32_t*>(&b);
+    r.z = *reinterpret_cast<uint32_t*>(&c);
+    r.w = *reinterpret_cast<uint32_t*>(&d);
+  } else {
+    const float scale = ue8m0_to_float(s);
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t word = j < 2 ? codes.x : codes.y;
+      const int sh = (j & 1) * 16;
+      const float f0 = e4m3_to_float((word >> sh) & 0xFFu) * scale;
+      const float f1 = e4m3_to_float((word >> (sh + 8)) & 0xFFu) * scale;
+      __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
+      o[j] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    r = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  return r;
+}
+
+struct EntryLoads {
+  uint2 a;       // NoPE codes [8L, 8L+8)
+  uint4 b;       // NoPE codes [256+8L, ..) in b.x/b.y (L < 24) or RoPE bf16 (L >= 24)
+  uint2 scales;  // the entry's 8 scale bytes
+};
+
+__device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
+                                                 int lane) {
+  EntryLoads e;
+  e.a = ld_nc_v2(entry + 8 * lane);
+  if (lane < 24) {
+    const uint2 t = ld_nc_v2(entry + 256 + 8 * lane);
+    e.b = make_uint4(t.x, t.y, 0u, 0u);
+  } else {
+    e.b = ld_nc_v4(entry + kv_record::kRopeOffset + 16 * (lane - 24));
+  }
+  e.scales = ld_nc_v2(scales);
+  return e;
+}
+
+__device__ __forceinline__ EntryLoads load_packed(const GatherKParams& p, int64_t packed,
+                                                  int lane) {
+  const int in_blk = static_cast<int>(packed & 0xFFFF);
+  const uint8_t* blk = kv_record::block_base(p.cache, packed >> 16, p.block_stride);
+  return load_entry(blk + kv_record::data_offset(in_blk),
+                    blk + kv_record::scale_offset(p.block_size, in_blk), lane);
+}
+
+__device__ __forceinline__ uint32_t scale_byte(uint2 s, int g) {
+  return ((g < 4 ? s.x : s.y) >> (8 * (g & 3))) & 0xFFu;
+}
+
+__device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane) {
+  const int g = lane >> 3;
+  st_v4(out_row + 8 * lane, decode8(e.a, scale_byte(e.scales, g)));
+  uint4 hi;
+  if (lane < 24) {
+    hi = decode8(make_uint2(e.b.x, e.b.y), scale_byte(e.scales, 4 + g));
+  } else {
+    hi = e.b;
+  }
+  st_v4(out_row + 256 + 8 * lane, hi);
+}
+
+__global__ void __launch_bounds__(kThreads)
+gather_k_kernel(const GatherKParams p) {
+  using namespace kv_record;
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+
+  const int seq_len = p.seq_lens[r];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+  const int start = seq_len - gather_len;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+
+  // Batches of up to 32 entries per warp: entry i_k = base + k * nwarps, k < 32.
+  for (int64_t base = warp; base < gather_len; base += 32 * nwarps) {
+    // Lane k resolves entry i_k: (physical block << 16) | position in block, or -1 when
+    // the entry must be skipped (out-of-range position, block-table column, block id or
+    // output row: never read or written out of bounds).
+    const int64_t i = base + lane * nwarps;
+    int64_t packed = -1;
+    if (i < gather_len) {
+      const int64_t pos = start + i;
+      const int64_t blk = pos / p.block_size;
+      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
+        const int64_t phys = bt_row[blk * p.bt_stride1];
+        if (phys >= 0 && phys < p.num_blocks) {
+          packed = (phys << 16) | (pos - blk * p.block_size);
+        }
+      }
+    }
+    const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
+    const int n = static_cast<int>(remaining < 32 ? remaining : 32);
+
+    for (int k = 0; k < n; k += 2) {
+      const int64_t e0p = __shfl_sync(0xFFFFFFFFu, packed, k);
+      const int64_t e1p = __shfl_sync(0xFFFFFFFFu, packed, (k + 1) & 31);
+      const bool has0 = e0p >= 0;
+      const bool has1 = (k + 1 < n) && e1p >= 0;
+      EntryLoads e0, e1;
+      if (has0) e0 = load_packed(p, e0p, lane);
+      if (has1) e1 = load_packed(p, e1p, lane);
+      if (has0) store_entry(out_req + (p.offset + base + k * nwarps) * p.out_stride1, e0, lane);
+      if (has1) {
+        store_entry(out_req + (p.offset + base + (k + 1) * nwarps) * p.out_stride1, e1, lane);
+      }
+    }
+  }
+}
+
+int gather_blocks_per_sm() {
+  static int cached = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_kernel, kThreads, 0) !=
+            cudaSuccess ||
+        n <= 0) {
+      n = 4;
+    }
+    return n;
+  }();
+  return cached;
+}
+
+}  // namespace
+
+void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  if (p.num_reqs <= 0) return;
+  const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
+  if (rows <= 0) return;
+  const int64_t total = static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm();
+  int64_t x = total / p.num_reqs;
+  const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (x > needed) x = needed;
+  if (x < 1) x = 1;
+  dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
+  gather_k_kernel<<<grid, kThreads, 0, stream>>>(p);
+}
+
+}  // namespace deepinfer_sm80

@@ -1,0 +1,123 @@
+// combine_topk_swa_indices for SM80+: the -1 fill and the index computation in one pass.
+//
+// One warp per output row t (grid-stride, grid from the SM count). The row's request b is
+// found by binary search in query_start_loc (rebased by its first element); then, with
+//   pos       = seq_len[b] - query_len[b] + (t - query_start[b])
+//   k         = min((pos + 1) / ratio, top_k)
+//   swa_start = max(pos - (W - 1) - max(left - (W - 1), 0), 0)
+//   swa_len   = pos + right - swa_start + 1
+// every column c of the row gets
+//   c < k                  : topk[t, c] + b * M
+//   k <= c < k + swa_store : b * M + N + swa_start + (c - k) - (seq_len - gather_len)
+//   otherwise              : -1
+// where swa_store = min(swa_len, W * ceil((W + image_width) / W)) (the upstream kernel's
+// store loop extent), and lens[t] = k + swa_len. Rows outside every request are all -1
+// and their lens are left as they were (as upstream). Columns >= width are never
+// written (upstream would spill into the next row; valid inputs never get there).
+// Int32 arithmetic wraps like the upstream Triton kernel.
+#include <cuda_runtime.h>
+
+#include "common/vec.cuh"
+#include "index/index_kernels.h"
+
+namespace deepinfer_sm80 {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * 32;
+
+__device__ __forceinline__ int32_t add32(int32_t a, int32_t b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+}
+__device__ __forceinline__ int32_t mul32(int32_t a, int32_t b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(a) * static_cast<uint32_t>(b));
+}
+
+struct RowPlan {
+  int k;            // top-k columns (>= 0 for writing)
+  int swa_end;      // k + swa_store, clipped to [k, width]
+  int32_t bM;       // b * M
+  int32_t swa_val;  // value at column k (column c gets swa_val + (c - k))
+};
+
+template <bool kVec4>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
+  const int lane = threadIdx.x & 31;
+  const int nwarps = gridDim.x * kWarpsPerBlock;
+  const int32_t q0 = p.num_reqs > 0 ? p.query_start_loc[0] : 0;
+
+  for (int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5); t < p.num_tokens; t += nwarps) {
+    // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
+    int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
+    }
+    const int b = lo;
+    RowPlan plan{0, 0, 0, 0};
+    bool in_req = false;
+    if (p.num_reqs > 0) {
+      const int qs = p.query_start_loc[b] - q0;
+      const int qe = p.query_start_loc[b + 1] - q0;
+      in_req = qs <= t && t < qe;
+      if (in_req) {
+        const int seq_len = p.seq_lens[b];
+        const int gather_len = p.gather_lens[b];
+        const int pos = seq_len - (qe - qs) + (t - qs);
+        const int k = min((pos + 1) / p.ratio, p.top_k);
+        int left = 0, right = 0;
+        if (p.image_width > 0) {
+          left = p.left_visible[t];
+          right = p.right_visible[t];
+        }
+        const int left_add = max(left - (p.window - 1), 0);
+        const int swa_start = max(pos - (p.window - 1) - left_add, 0);
+        const int swa_len = pos + right - swa_start + 1;
+        const int loop_extent =
+            p.window > 0 ? (p.window + p.image_width + p.window - 1) / p.window * p.window : 0;
+        const int swa_store = max(min(swa_len, loop_extent), 0);
+        plan.k = min(max(k, 0), p.width);
+        plan.swa_end = min(plan.k + swa_store, p.width);
+        plan.bM = mul32(p.M, b);
+        plan.swa_val = add32(add32(plan.bM, p.N), swa_start - (seq_len - gather_len));
+        if (lane == 0) p.lens[t] = k + swa_len;
+      }
+    }
+    const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
+    int32_t* dst = p.idx + static_cast<int64_t>(t) * p.idx_stride0;
+    auto value = [&](int c, int32_t topk_val) -> int32_t {
+      if (c < plan.k) return add32(topk_val, plan.bM);
+      if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
+      return -1;
+    };
+    if (kVec4) {
+#pragma unroll 2
+      for (int c = lane * 4; c < p.width; c += 128) {
+        int4 tv = make_int4(0, 0, 0, 0);
+        if (c < plan.k) tv = *reinterpret_cast<const int4*>(src + c);
+        const int4 o = make_int4(value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z),
+                                 value(c + 3, tv.w));
+        *reinterpret_cast<int4*>(dst + c) = o;
+      }
+    } else {
+      for (int c = lane; c < p.width; c += 32) {
+        dst[c] = value(c, c < plan.k ? src[c] : 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
+                             cudaStream_t stream) {
+  if (p.num_tokens <= 0) return;
+  const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, 16);
+  if (p.vec4) {
+    combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    combine_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+}
+
+}  // namespace deepinfer_sm80
