@@ -1,0 +1,387 @@
+"""GPU benchmark: KV-cache gather and top-k/SWA index combine, ours vs baselines.
+
+Implementations timed in the same process, on the same inputs:
+- ``ours``: ``deepinfer_sm80.ops.cache`` (CUDA extension), when built;
+- ``upstream``: vLLM 0.33.0's Triton kernels imported from the applied tree
+  (``bench/upstream_import.py``; they use ``tl.float8e4nv``, so they need SM89+: an H200
+  runs them);
+- ``portable``: ``deepinfer_sm80.triton_portable`` (software e4m3; what other Ampere ports
+  run). ``combine_topk_swa_indices`` has no FP8 and upstream's kernel compiles for SM80
+  unchanged (checked here by an AOT compile for cuda 80), so its portable baseline is
+  upstream's kernel itself.
+
+Inputs are as at vLLM's prefill call sites (``nvidia/flashmla.py`` ``_forward_prefill``):
+- gather: the compressed (C4) region: 256-token pages hold 64 entries
+  (``block_size = 256 // 4``), page stride ``round_up(64 * 584, 576) = 37440``,
+  ``gather_lens=None``, ``offset=0``, a random permutation of physical pages in the block
+  table, fresh random fp8_ds_mla records (no NaN codes; UE8M0 bytes 110..135);
+- combine: ratio 4, topk 512, window 128, every request a chunk of ``T / R`` query tokens
+  after a 4096-token prefix, local top-k indices drawn from the visible compressed
+  positions, ``gather_lens = qlen + min(prefix, 127)``, ``N`` = max compressed length,
+  ``M = N + max gather_len``, output width ``round_up(512 + 128, 128) = 640``; timed
+  including the ``-1`` fill of the output, as upstream's function does it.
+
+Times: CUDA-graph replay, median over replays, each replay cycling through enough input
+sets to exceed twice the L2 size. Bandwidth: gather counts 584 B read + 1024 B written per
+entry; combine counts the top-k entries read, the full output row (640 x 4 B) and the
+length written. Percent of the device-to-device copy bandwidth measured in the same run.
+Before timing, every implementation's output is checked bit for bit against upstream's on
+the same inputs (outputs poisoned first) and printed.
+
+Usage: python bench/bench_cache.py [--tree DIR] [--quick] [--no-doc] [--sm-count N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for p in (str(HERE), str(REPO / "overlay")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import common  # noqa: E402
+import upstream_import  # noqa: E402
+
+ENTRY_DATA = 576
+ENTRY_BYTES = 584
+HEAD = 512
+C4_BLOCK = 64  # compressed entries per 256-token page at ratio 4
+GATHER_CASES = [(1, 49152), (4, 12288), (16, 2048)]  # (requests, entries per request)
+COMBINE_CASES = [(1536, 1), (8192, 4), (16384, 1)]  # (query tokens, requests)
+TOPK, WINDOW, RATIO, PREFIX = 512, 128, 4, 4096
+WIDTH = -(-(TOPK + WINDOW) // 128) * 128
+
+
+def page_stride(block_size: int) -> int:
+    return -(-(block_size * ENTRY_BYTES) // ENTRY_DATA) * ENTRY_DATA
+
+
+# ---------------------------------------------------------------- inputs ----------------
+def make_cache(num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
+    """Random fp8_ds_mla pages: e4m3 bytes without NaN codes, bf16 RoPE from randn,
+    UE8M0 bytes 110..135 and a zero pad byte; bytes after the scales stay random."""
+    stride = page_stride(block_size)
+    cache = torch.randint(0, 256, (num_blocks, stride), dtype=torch.uint8, device="cuda",
+                          generator=gen)
+    data = cache[:, : block_size * ENTRY_DATA].view(num_blocks, block_size, ENTRY_DATA)
+    fp8 = data[:, :, :448]
+    fp8.sub_(((fp8 & 0x7F) == 0x7F).to(torch.uint8))  # 0x7F/0xFF (NaN) -> 0x7E/0xFE
+    rope = torch.randn(num_blocks, block_size, 64, device="cuda", generator=gen,
+                       dtype=torch.float32).to(torch.bfloat16)
+    data[:, :, 448:].copy_(rope.view(torch.uint8).view(num_blocks, block_size, 128))
+    sc = cache[:, block_size * ENTRY_DATA: block_size * ENTRY_BYTES].view(num_blocks, block_size, 8)
+    sc[:, :, :7] = torch.randint(110, 136, (num_blocks, block_size, 7), dtype=torch.uint8,
+                                 device="cuda", generator=gen)
+    sc[:, :, 7] = 0
+    return cache
+
+
+def make_gather_set(reqs: int, n: int, gen: torch.Generator) -> dict[str, Any]:
+    bpr = -(-n // C4_BLOCK)
+    nb = reqs * bpr + 8
+    cache = make_cache(nb, C4_BLOCK, gen)
+    perm = torch.randperm(nb, device="cuda", generator=gen)[: reqs * bpr].to(torch.int32)
+    width = bpr + 16  # the table is wider than the request, as at the call site
+    table = torch.randint(0, nb, (reqs, width), dtype=torch.int32, device="cuda", generator=gen)
+    table[:, :bpr] = perm.view(reqs, bpr)
+    return {
+        "out": torch.empty(reqs, n, HEAD, dtype=torch.bfloat16, device="cuda"),
+        "k_cache": cache,
+        "seq_lens": torch.full((reqs,), n, dtype=torch.int32, device="cuda"),
+        "gather_lens": None,
+        "block_table": table,
+        "block_size": C4_BLOCK,
+        "offset": 0,
+    }
+
+
+def make_combine_set(tokens: int, reqs: int, gen: torch.Generator) -> dict[str, Any]:
+    qlen = tokens // reqs
+    qlens = torch.full((reqs,), qlen, dtype=torch.int64)
+    seq = qlens + PREFIX
+    gather = qlens + min(PREFIX, WINDOW - 1)
+    comp = seq // RATIO
+    N = int(comp.max())
+    M = N + int(gather.max())
+    qsl = torch.zeros(reqs + 1, dtype=torch.int64)
+    qsl[1:] = torch.cumsum(qlens, 0)
+    # local top-k indices: for a token at position pos, in [0, (pos + 1) // RATIO)
+    pos = torch.cat([torch.arange(PREFIX, PREFIX + qlen) for _ in range(reqs)]).cuda()
+    visible = ((pos + 1) // RATIO).clamp(min=1)
+    topk = (torch.rand(tokens, TOPK, device="cuda", generator=gen) * visible[:, None]).to(torch.int32)
+    return {
+        "topk_indices": topk,
+        "query_start_loc": qsl.to(torch.int32).cuda(),
+        "seq_lens": seq.to(torch.int32).cuda(),
+        "gather_lens": gather.to(torch.int32).cuda(),
+        "M": M, "N": N,
+        "idx": torch.empty(tokens, WIDTH, dtype=torch.int32, device="cuda"),
+        "lens": torch.empty(tokens, dtype=torch.int32, device="cuda"),
+    }
+
+
+def gather_call(fn: Callable, s: dict[str, Any], out: torch.Tensor | None = None) -> Callable[[], None]:
+    o = s["out"] if out is None else out
+    return lambda: fn(o, s["k_cache"], s["seq_lens"], s["gather_lens"], s["block_table"],
+                      s["block_size"], s["offset"])
+
+
+def combine_call(fn: Callable, s: dict[str, Any], out=None) -> Callable[[], Any]:
+    idx, lens = (s["idx"], s["lens"]) if out is None else out
+    return lambda: fn(s["topk_indices"], s["query_start_loc"], s["seq_lens"], s["gather_lens"],
+                      WINDOW, RATIO, TOPK, s["M"], s["N"], out=(idx, lens))
+
+
+# ---------------------------------------------------------------- implementations -------
+class Impls:
+    """Resolves the implementations once; ``missing`` says why one is absent."""
+
+    def __init__(self, tree: str | None, sm_count: int | None):
+        self.gather: dict[str, Callable] = {}
+        self.combine: dict[str, Callable] = {}
+        self.missing: dict[str, str] = {}
+        self.upstream_mod = None
+        try:
+            mod = upstream_import.import_upstream(upstream_import.CACHE_UTILS, tree)
+            self.upstream_mod = mod
+            from vllm.utils.import_utils import has_cutedsl  # type: ignore[import-not-found]
+
+            if has_cutedsl():
+                self.missing["upstream gather note"] = (
+                    "cutlass DSL present: upstream's public gather would take the CuTeDSL "
+                    "path; the Triton kernel object is called directly")
+            kern = mod._DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL
+            self.gather["upstream"] = (
+                lambda out, kc, sl, gl, bt, bs, off: kern(out, kc, sl, gl, bt, bs, off, use_fnuz=False))
+            self.combine["upstream"] = mod.combine_topk_swa_indices
+        except Exception as e:  # recorded, the run goes on
+            self.missing["upstream"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        try:
+            from deepinfer_sm80.triton_portable import dequantize_and_gather_k_cache as pg
+
+            self.gather["portable"] = pg
+        except Exception as e:
+            self.missing["portable"] = f"{type(e).__name__}: {e}"
+        try:
+            from deepinfer_sm80.ops import cache as ours  # type: ignore[import-not-found]
+
+            self.gather["ours"] = ours.dequantize_and_gather_k_cache
+            comb = getattr(ours, "combine_topk_swa_indices", None)
+            if comb is None:
+                from deepinfer_sm80.ops import index as ours_index  # type: ignore[import-not-found]
+
+                comb = ours_index.combine_topk_swa_indices
+            self.combine["ours"] = comb
+        except Exception as e:
+            self.missing["ours"] = f"{type(e).__name__}: {e}"
+        self.sm_count = sm_count
+
+
+def upstream_sm80_compile_check(report: common.Report, mod) -> None:
+    """AOT-compile upstream's two kernels for cuda 80: gather must fail (fp8e4nv), combine
+    must compile (so it is its own portable baseline)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def sig_for(fn, ptr_types, constexprs):
+        sig = {}
+        for name in fn.arg_names:
+            if name in constexprs:
+                sig[name] = "constexpr"
+            elif name in ptr_types:
+                sig[name] = ptr_types[name]
+            else:
+                sig[name] = "i32"
+        return sig
+
+    g_fn = mod.DequantizeAndGatherKCacheKernel.kernel
+    g_const = dict(max_blocks_per_seq=1024, fp8_dim=448, bf16_dim=64, scale_dim=8, quant_block=64,
+                   cache_block_size=64, token_data_size=576, block_stride=37440, output_dim=512,
+                   fp8_max=448.0, n_quant_blocks=7, use_fnuz=False)
+    g_ptr = {"out_ptr": "*bf16", "k_cache_ptr": "*u8", "seq_lens_ptr": "*i32",
+             "block_table_ptr": "*i32", "gather_lens_ptr": "*i32"}
+    c_fn = mod.CombineTopkSwaIndicesKernel.kernel
+    c_const = dict(TOP_K=TOPK, COMPRESS_RATIO=RATIO, WINDOW_SIZE=WINDOW, IMAGE_WIDTH=0, PADDED_TOP_K=512)
+    c_ptr = {n: "*i32" for n in c_fn.arg_names if n.endswith("_ptr")}
+    for label, fn, ptr, const, expect_ok in (("gather", g_fn, g_ptr, g_const, False),
+                                            ("combine", c_fn, c_ptr, c_const, True)):
+        src = ASTSource(fn=fn, signature=sig_for(fn, ptr, const), constexprs=const)
+        try:
+            triton.compile(src, target=GPUTarget("cuda", 80, 32))
+            ok, detail = True, "compiled"
+        except Exception as e:
+            ok, detail = False, str(e).strip().splitlines()[-1][:120]
+        report.check(f"upstream {label} kernel AOT-compiles for cuda 80 == {expect_ok}",
+                     ok == expect_ok, detail)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
+    if a.dtype in (torch.bfloat16, torch.float16):
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    diff = int((a != b).sum())
+    return diff == 0, diff
+
+
+# ---------------------------------------------------------------- benchmarks -------------
+def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
+    order = [k for k in ("ours", "upstream", "portable") if k in impls.gather]
+    for reqs, n in GATHER_CASES[:1] if quick else GATHER_CASES:
+        gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
+        per_set = reqs * n * (ENTRY_BYTES + 2 * HEAD)
+        nsets = common.rotation_count(per_set, max_sets=4)
+        sets = [make_gather_set(reqs, n, gen) for _ in range(nsets)]
+        shape = f"{reqs} x {n:,}"
+        # correctness on set 0: every implementation, outputs poisoned with NaN
+        outs = {}
+        for name in order:
+            o = torch.full_like(sets[0]["out"], float("nan"))
+            gather_call(impls.gather[name], sets[0], o)()
+            torch.cuda.synchronize()
+            outs[name] = o
+            report.check(f"gather {shape} {name}: every output element written",
+                         not bool(o.isnan().any()))
+        exact = {}
+        if "upstream" in outs:
+            for name in order:
+                if name != "upstream":
+                    ok, diff = bits_equal(outs[name], outs["upstream"])
+                    exact[name] = ok
+                    report.check(f"gather {shape} {name} bit-exact vs upstream", ok,
+                                 f"{diff} differing bf16 elements" if diff else "")
+        del outs
+        times = {}
+        for name in order:
+            t = common.graph_time([gather_call(impls.gather[name], s) for s in sets],
+                                  replays=10 if quick else 30)
+            times[name] = t
+        base = times.get("upstream")
+        for name in order:
+            t = times[name]
+            bw = common.gbps(per_set, t.median_us)
+            report.add(kernel="dequantize_and_gather_k_cache", shape=shape, impl=name,
+                       median_us=t.median_us, iqr_us=f"{t.p25_us:.1f}-{t.p75_us:.1f}",
+                       gbps=bw, pct_copy=100.0 * bw / copy_gbps,
+                       speedup_vs_upstream=(base.median_us / t.median_us) if base else None,
+                       exact_vs_upstream=exact.get(name, True if name == "upstream" else None),
+                       sets=len(sets), timing=t.as_dict())
+            print(f"gather {shape:>10} {name:>9}: {t.median_us:9.1f} us  {bw:7.0f} GB/s "
+                  f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
+def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
+    order = [k for k in ("ours", "upstream") if k in impls.combine]
+    for tokens, reqs in COMBINE_CASES[:1] if quick else COMBINE_CASES:
+        gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
+        per_set = tokens * (TOPK * 4 + WIDTH * 4 + 4)
+        nsets = common.rotation_count(per_set)
+        sets = [make_combine_set(tokens, reqs, gen) for _ in range(nsets)]
+        shape = f"T={tokens}, {reqs} req"
+        outs = {}
+        for name in order:
+            idx = torch.full_like(sets[0]["idx"], 0x7EEEEEEE)
+            lens = torch.full_like(sets[0]["lens"], 0x7EEEEEEE)
+            combine_call(impls.combine[name], sets[0], (idx, lens))()
+            torch.cuda.synchronize()
+            outs[name] = (idx, lens)
+        exact = {}
+        if "upstream" in outs:
+            ui, ul = outs["upstream"]
+            report.check(f"combine {shape} upstream: output fully written (no poison left)",
+                         not bool((ui == 0x7EEEEEEE).any() or (ul == 0x7EEEEEEE).any()))
+            for name in order:
+                if name != "upstream":
+                    i, l = outs[name]
+                    ok = torch.equal(i, ui) and torch.equal(l, ul)
+                    exact[name] = ok
+                    report.check(f"combine {shape} {name} bit-exact vs upstream", ok,
+                                 f"{int((i != ui).sum())} idx / {int((l != ul).sum())} lens differ"
+                                 if not ok else "")
+        # top-k entries each token reads: min((pos + 1) // RATIO, TOPK) (pos >= PREFIX)
+        qlen = tokens // reqs
+        pos = torch.arange(PREFIX, PREFIX + qlen)
+        topk_read = reqs * int(torch.clamp((pos + 1) // RATIO, max=TOPK).sum()) * 4
+        bytes_moved = topk_read + tokens * (WIDTH * 4 + 4)
+        del outs
+        times = {name: common.graph_time([combine_call(impls.combine[name], s) for s in sets],
+                                         min_calls=20, replays=10 if quick else 30)
+                 for name in order}
+        base = times.get("upstream")
+        for name in order:
+            t = times[name]
+            bw = common.gbps(bytes_moved, t.median_us)
+            report.add(kernel="combine_topk_swa_indices", shape=shape, impl=name,
+                       median_us=t.median_us, iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}",
+                       gbps=bw, pct_copy=100.0 * bw / copy_gbps,
+                       speedup_vs_upstream=(base.median_us / t.median_us) if base else None,
+                       exact_vs_upstream=exact.get(name, True if name == "upstream" else None),
+                       sets=len(sets), timing=t.as_dict())
+            print(f"combine {shape:>16} {name:>9}: {t.median_us:8.2f} us  {bw:7.0f} GB/s", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="gather/combine benchmark (GPU)")
+    ap.add_argument("--tree", help="vLLM source tree for the upstream baseline")
+    ap.add_argument("--quick", action="store_true", help="first shape of each kernel only")
+    ap.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--sm-count", type=int, help="SM count passed to our kernels (default: device)")
+    args = ap.parse_args(argv)
+    common.require_cuda()
+    impls = Impls(args.tree, args.sm_count)
+    report = common.Report(
+        name="bench_cache",
+        title="KV-cache gather and index combine (issue 4)",
+        columns=["kernel", "shape", "impl", "median_us", "iqr_us", "gbps", "pct_copy",
+                 "speedup_vs_upstream", "exact_vs_upstream"],
+    )
+    report.meta["copy"] = common.copy_bandwidth()
+    copy_gbps = report.meta["copy"]["gbps_read_plus_write"]
+    print(f"device-to-device copy: {copy_gbps:.0f} GB/s (read + write)", flush=True)
+    report.meta["implementations_missing"] = impls.missing
+    for k, v in impls.missing.items():
+        report.notes.append(f"not run: {k}: {v}")
+    report.notes.append(
+        "upstream = vLLM 0.33.0 Triton kernels imported from the applied tree; portable = "
+        "deepinfer_sm80.triton_portable (software e4m3); combine's portable baseline is "
+        "upstream's kernel (no FP8, compiles for SM80)")
+    report.notes.append(
+        "times: CUDA-graph replay, median per call (iqr = 25th-75th percentile), input sets "
+        "rotated to exceed 2x L2; gather bytes = 584 read + 1024 written per entry; combine "
+        "bytes = top-k entries read + 640x4 B row + 4 B length written per token")
+    if impls.upstream_mod is not None:
+        try:
+            upstream_sm80_compile_check(report, impls.upstream_mod)
+        except Exception as e:
+            report.check("upstream kernels AOT compile check ran", False, repr(e)[:200])
+    failed = False
+    for fn in (bench_gather, bench_combine):
+        try:
+            fn(report, impls, copy_gbps, args.quick)
+        except Exception as e:
+            traceback.print_exc()
+            report.check(f"{fn.__name__} completed", False, repr(e)[:300])
+            failed = True
+    path = report.write_json()
+    print(f"results: {path}")
+    if not args.no_doc:
+        print(f"markdown: {report.write_markdown()}")
+    report.print_table()
+    bad = [c for c in report.checks if not c["ok"]]
+    return 1 if (bad or failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
