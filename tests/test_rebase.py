@@ -79,6 +79,8 @@ def test_conflict_stop_then_continue(synth, capsys):
     subprocess.run(["git", "-C", str(work), "add", "vllm/b.py"], check=True)
     assert m is not None
     assert rebase.main(["--to", "1.2.0", "--continue"]) == 0
+    done = capsys.readouterr().out
+    assert "changed" in done and "+UPSTREAM 20 + SECOND" in done  # range-diff body shown
     ps = load_patchset("1.2.0", p.root)
     assert len(ps.series) == 2
     assert "+UPSTREAM 20 + SECOND" in (ps.directory / ps.series[1]).read_text()

@@ -344,6 +344,30 @@ def _range_diff(tree: GitTree) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _print_changed_bodies(tree: GitTree, max_lines: int = 60) -> None:
+    """For every patch marked ``!`` by range-diff, its diff-of-diffs (truncated)."""
+    out = tree.run("range-diff", "--no-color", f"{OLD_BASE}..{OLD_TIP}", f"{BASE_REF}..HEAD",
+                   strip=False)
+    section: list[str] = []
+    sections: list[list[str]] = []
+    for ln in out.split("\n"):
+        parts = ln.split(None, 3)
+        if len(parts) >= 3 and parts[0].endswith(":") and parts[2] in ("=", "!", "<", ">"):
+            section = [ln]
+            sections.append(section)
+        elif section:
+            section.append(ln)
+    for sec in sections:
+        if sec[0].split(None, 3)[2] != "!":
+            continue
+        body = [ln for ln in sec[1:] if ln.strip()]
+        console.print(sec[0], markup=False, soft_wrap=True)
+        for ln in body[:max_lines]:
+            console.print(ln, markup=False, soft_wrap=True)
+        if len(body) > max_lines:
+            console.print(f"    ... {len(body) - max_lines} more lines", soft_wrap=True)
+
+
 def _finish(tree: GitTree, work: Path, state: dict, ps: PatchSet, root: Path) -> int:
     from .export import exported_patches
     to = state["to"]
@@ -381,6 +405,7 @@ def _finish(tree: GitTree, work: Path, state: dict, ps: PatchSet, root: Path) ->
     for old_n, mark, new_n, subj in _range_diff(tree):
         table.add_row(old_n, meaning[mark], new_n, subj)
     console.print(table)
+    _print_changed_bodies(tree)
     for n in state["dropped"]:
         warn(f"{n} was dropped (its change is upstream in {to}, or you skipped it)")
     for note in notes:
