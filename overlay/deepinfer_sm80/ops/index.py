@@ -1,0 +1,118 @@
+"""SM80 drop-ins for upstream's sparse-attention index ops (vLLM 0.33.0
+``vllm/models/deepseek_v4/common/ops/cache_utils.py``): same arguments, same results.
+
+* :func:`compute_global_topk_indices_and_lens`
+* :func:`combine_topk_swa_indices` - writes every element of the combined index row
+  (the -1 fill is part of the kernel, not a separate ``fill_``).
+
+Semantics are those of :mod:`deepinfer_sm80.reference.index`. ``sm_count`` (keyword) sizes
+the grid (0/None: the device's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_sm80.ops import _checks as C
+
+
+def _ops():
+    from deepinfer_sm80 import _ext  # loads _C, or raises ImportError saying how to build it
+
+    return _ext.ops()
+
+TOPK_ALIGNMENT = 128
+
+
+def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor,
+                                         token_to_req_indices: torch.Tensor,
+                                         block_table: torch.Tensor, block_size: int,
+                                         is_valid_token: torch.Tensor, *,
+                                         sm_count: int | None = None
+                                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local top-k indices -> global cache slots (-1 for l < 0) and per-token counts."""
+    C.cuda_tensor(topk_indices, "topk_indices")
+    dev = topk_indices.device
+    C.dtype(topk_indices, "topk_indices", torch.int32)
+    C.dim(topk_indices, "topk_indices", 2, "[num_tokens, topk]")
+    if topk_indices.stride(1) != 1:
+        topk_indices = topk_indices.contiguous()
+    T = topk_indices.size(0)
+    C.cuda_tensor(token_to_req_indices, "token_to_req_indices", dev)
+    C.dtype(token_to_req_indices, "token_to_req_indices", torch.int32)
+    C.contiguous_1d(token_to_req_indices, "token_to_req_indices", T)
+    C.cuda_tensor(block_table, "block_table", dev)
+    C.dtype(block_table, "block_table", torch.int32)
+    C.dim(block_table, "block_table", 2, "[num_reqs, max_blocks_per_seq]")
+    C.cuda_tensor(is_valid_token, "is_valid_token", dev)
+    C.dtype(is_valid_token, "is_valid_token", torch.bool)
+    C.contiguous_1d(is_valid_token, "is_valid_token", T)
+    if block_size <= 0:
+        raise ValueError(f"block_size must be > 0, got {block_size}")
+    out = torch.empty_like(topk_indices, memory_format=torch.contiguous_format)
+    lens = torch.empty(T, dtype=torch.int32, device=dev)
+    _ops().compute_global_topk_indices_and_lens(out, lens, topk_indices,
+                                                   token_to_req_indices, block_table,
+                                                   block_size, is_valid_token, sm_count or 0)
+    return out, lens
+
+
+def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.Tensor,
+                             seq_lens: torch.Tensor, gather_lens: torch.Tensor,
+                             window_size: int, compress_ratio: int, topk: int, M: int, N: int,
+                             out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                             left_visible: torch.Tensor | None = None,
+                             right_visible: torch.Tensor | None = None,
+                             max_image_tokens: int = 0, *,
+                             sm_count: int | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate each query token's top-k compressed indices with its SWA window."""
+    C.cuda_tensor(topk_indices, "topk_indices")
+    dev = topk_indices.device
+    C.dtype(topk_indices, "topk_indices", torch.int32)
+    C.dim(topk_indices, "topk_indices", 2, "[num_tokens, topk]")
+    if topk_indices.stride(1) != 1:
+        topk_indices = topk_indices.contiguous()
+    T = topk_indices.size(0)
+    if not 0 <= topk <= topk_indices.size(1):
+        raise ValueError(f"topk={topk} must be in [0, topk_indices.shape[1]="
+                         f"{topk_indices.size(1)}]")
+    if window_size < 1 or compress_ratio < 1 or max_image_tokens < 0:
+        raise ValueError("window_size and compress_ratio must be >= 1 and "
+                         "max_image_tokens >= 0")
+    for name, t in (("seq_lens", seq_lens), ("gather_lens", gather_lens),
+                    ("query_start_loc", query_start_loc)):
+        C.cuda_tensor(t, name, dev)
+        C.dtype(t, name, torch.int32)
+    R = seq_lens.size(0)
+    C.contiguous_1d(seq_lens, "seq_lens")
+    C.contiguous_1d(gather_lens, "gather_lens", R)
+    C.contiguous_1d(query_start_loc, "query_start_loc", R + 1)
+    if (left_visible is None) != (right_visible is None):
+        raise ValueError("left_visible and right_visible must be given together")
+    if left_visible is not None:
+        for name, t in (("left_visible", left_visible), ("right_visible", right_visible)):
+            C.cuda_tensor(t, name, dev)
+            C.dtype(t, name, torch.int32)
+            C.contiguous_1d(t, name, T)
+    width = ((topk + window_size + max_image_tokens + TOPK_ALIGNMENT - 1)
+             // TOPK_ALIGNMENT * TOPK_ALIGNMENT)
+    if out is None:
+        idx = torch.empty((T, width), dtype=torch.int32, device=dev)
+        lens = torch.empty(T, dtype=torch.int32, device=dev)
+    else:
+        idx, lens = out
+        C.cuda_tensor(idx, "out[0] (combined indices)", dev)
+        C.dtype(idx, "out[0] (combined indices)", torch.int32)
+        C.dim(idx, "out[0] (combined indices)", 2, "[num_tokens, width]")
+        if idx.size(0) != T or idx.stride(1) != 1:
+            raise ValueError(f"out[0] must be [{T}, width] with a contiguous last dim, got "
+                             f"{tuple(idx.shape)} strides {idx.stride()}")
+        C.cuda_tensor(lens, "out[1] (combined lens)", dev)
+        C.dtype(lens, "out[1] (combined lens)", torch.int32)
+        C.contiguous_1d(lens, "out[1] (combined lens)", T)
+    _ops().combine_topk_swa_indices(idx, lens, topk_indices, query_start_loc, seq_lens,
+                                       gather_lens, window_size, compress_ratio, topk, M, N,
+                                       left_visible, right_visible, max_image_tokens,
+                                       sm_count or 0)
+    return idx, lens

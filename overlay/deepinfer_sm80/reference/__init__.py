@@ -1,0 +1,1 @@
+"""Torch reference implementations (CPU-runnable oracles), written from the semantics."""
