@@ -349,6 +349,18 @@ def _inside(rel: str) -> bool:
     return True
 
 
+def _within(path: str, root: Path) -> bool:
+    root_s = str(root)
+    return path == root_s or path.startswith(root_s.rstrip(os.sep) + os.sep)
+
+
+def _copy_member(m: tarfile.TarInfo, name: str, linkname: str) -> tarfile.TarInfo:
+    import copy
+    m2 = copy.copy(m)
+    m2.name, m2.linkname = name, linkname
+    return m2
+
+
 def safe_extract(tar_path: Path, dest: Path, strip_prefix: str | None = None) -> int:
     """Extract a (gzip) tarball into ``dest`` safely; returns the number of members.
 
@@ -360,6 +372,7 @@ def safe_extract(tar_path: Path, dest: Path, strip_prefix: str | None = None) ->
     and discard it on error.
     """
     dest.mkdir(parents=True, exist_ok=True)
+    dest_real = Path(os.path.realpath(dest))
     data_filter = getattr(tarfile, "data_filter", None)
     count = 0
     try:
@@ -395,8 +408,21 @@ def safe_extract(tar_path: Path, dest: Path, strip_prefix: str | None = None) ->
                     linkname = str(lrel)
                 elif not (m.isfile() or m.isdir()):
                     raise _member_error(tar_path, m.name, "has an unsupported type")
-                m = m.replace(name=str(rel), linkname=linkname, deep=False) \
-                    if hasattr(m, "replace") else m
+                # on-disk check (links already extracted may point elsewhere than the
+                # lexical path suggests): the parent directory, and a symlink's target,
+                # must resolve inside dest
+                parent = os.path.realpath(dest_real / str(rel.parent))
+                if not _within(parent, dest_real):
+                    raise _member_error(tar_path, m.name, "would be written through a link "
+                                        "outside the target")
+                if m.issym() and not _within(os.path.realpath(os.path.join(parent, linkname)),
+                                             dest_real):
+                    raise _member_error(tar_path, m.name,
+                                        f"is a symlink to {linkname!r}, outside the target")
+                if hasattr(m, "replace"):
+                    m = m.replace(name=str(rel), linkname=linkname, deep=False)
+                else:  # Python < 3.11.4
+                    m = _copy_member(m, str(rel), linkname)
                 if data_filter is not None:
                     try:  # second, independent check (resolves links on disk)
                         m = data_filter(m, str(dest))
@@ -404,7 +430,7 @@ def safe_extract(tar_path: Path, dest: Path, strip_prefix: str | None = None) ->
                         raise _member_error(tar_path, m.name, str(exc))
                     tf.extract(m, dest, set_attrs=True, filter="fully_trusted")
                 else:
-                    tf.extract(m, dest, set_attrs=True)
+                    tf.extract(m, str(dest), set_attrs=True)
                 count += 1
     except DeepinferError:
         raise
