@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DeepSeek-V4 lightning indexer on SM80/SM86 (no DeepGEMM).
+
+``DeepseekV4AmpereIndexer`` is ``DeepseekV4Indexer`` with
+* ``_get_attn_cls`` -> ``AmpereSparseAttnIndexer``: logits over exactly
+  dequantised FP8 in row chunks x column tiles and a deterministic top-k
+  (``deepinfer_sm80.ampere.indexer``), instead of DeepGEMM's
+  ``fp8_fp4_mqa_logits`` / ``fp8_fp4_paged_mqa_logits`` and the SM80 top-k
+  kernels that other ports found racy;
+* ``_get_cache_cls`` -> the upstream FP8 cache layout (132-byte page);
+* the index-Q RoPE + FP8 quantisation through the software-e4m3 Triton
+  writer (``deepinfer_sm80.triton_writers.indexer_q_rope_quant``), since both
+  upstream variants (CuTe DSL, Triton ``fp8e4nv``) need SM89+.
+The FP8 indexer cache (132-byte page) is kept: MXFP4 needs SM100.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+from deepinfer_sm80.ampere import indexer as ampere_indexer
+from deepinfer_sm80.triton_writers import indexer_q_rope_quant
+from vllm import _custom_ops as ops
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+from vllm.models.deepseek_v4.attention import DeepseekV4Indexer, DeepseekV4IndexerCache
+from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
+from vllm.v1.worker.workspace import current_workspace_manager
+
+
+class AmpereSparseAttnIndexer(SparseAttnIndexer):
+    """Scores and selects top-k for the FP8 indexer cache without DeepGEMM."""
+
+    def __init__(self, k_cache, quant_block_size: int, scale_fmt: str, topk_tokens: int,
+                 head_dim: int, max_model_len: int, max_total_seq_len: int,
+                 topk_indices_buffer: torch.Tensor, skip_k_cache_insert: bool = False,
+                 use_fp4_cache: bool = False, compress_ratio: int = 1, **unsupported: Any):
+        # SparseAttnIndexer.__init__ refuses CUDA without DeepGEMM; set the
+        # same attributes without that check.
+        CustomOp.__init__(self)
+        if use_fp4_cache:
+            raise ValueError("DeepSeek-V4 on SM80 keeps the FP8 indexer cache (MXFP4 needs SM100)")
+        if any(v for v in unsupported.values()):
+            raise ValueError(f"SM80 indexer does not support {sorted(unsupported)}")
+        self.k_cache = k_cache
+        self.quant_block_size = quant_block_size
+        self.scale_fmt = scale_fmt
+        self.topk_tokens = topk_tokens
+        self.head_dim = head_dim
+        self.max_model_len = max_model_len
+        self.max_total_seq_len = max_total_seq_len
+        self.topk_indices_buffer = topk_indices_buffer
+        self.skip_k_cache_insert = skip_k_cache_insert
+        self.use_fp4_cache = False
+        self.compress_ratio = compress_ratio
+        self.candidate_blocks = None
+        self.dense_mha_metadata_layer_name = ""
+        parallel = get_current_vllm_config().parallel_config
+        if parallel.decode_context_parallel_size > 1 or parallel.prefill_context_parallel_size > 1:
+            raise ValueError("DeepSeek-V4 on SM80: context parallelism is not supported")
+
+    def forward_native(self, hidden_states, q_quant, k, weights):
+        return self._forward(hidden_states, q_quant, k, weights)
+
+    def forward_cuda(self, hidden_states, q_quant, k, weights):
+        return self._forward(hidden_states, q_quant, k, weights)
+
+    def _forward(self, hidden_states: torch.Tensor, q_quant, k, weights: torch.Tensor):
+        if isinstance(q_quant, tuple):
+            raise ValueError("SM80 indexer takes FP8 Q (q scale folded into weights)")
+        buf = self.topk_indices_buffer
+        md = get_forward_context().attn_metadata
+        if not isinstance(md, dict):
+            # Profile run: reserve the prefill gather workspace.
+            current_workspace_manager().get_simultaneous(
+                ((self.max_total_seq_len, self.head_dim), torch.uint8),
+                ((self.max_total_seq_len, 4), torch.uint8),
+            )
+            return buf
+        m = cast(DeepseekV32IndexerMetadata, md[self.k_cache.prefix])
+        kv_cache = self.k_cache.kv_cache
+        q_u8 = q_quant.view(torch.uint8)
+        buf[: hidden_states.shape[0]] = -1
+        topk = self.topk_tokens
+
+        if m.num_prefills > 0:
+            pm = m.prefill
+            k_full, s_full = current_workspace_manager().get_simultaneous(
+                ((self.max_total_seq_len, self.head_dim), torch.uint8),
+                ((self.max_total_seq_len, 4), torch.uint8),
+            )
+            for chunk in pm.chunks:
+                n_rows = chunk.max_local_total_seq_lens or chunk.total_seq_lens
+                k_q, k_s = k_full[:n_rows], s_full[:n_rows]
+                if not chunk.skip_kv_gather and chunk.total_seq_lens > 0:
+                    ops.cp_gather_indexer_k_quant_cache(
+                        kv_cache, k_q.view(torch.float8_e4m3fn), k_s, chunk.block_table,
+                        chunk.local_cu_seq_lens if chunk.local_cu_seq_lens is not None
+                        else chunk.cu_seq_lens)
+                r0, r1 = chunk.token_start, chunk.token_end
+                if r1 <= r0:
+                    continue
+                ampere_indexer.prefill_topk(
+                    q_u8[r0:r1], weights[r0:r1], k_q, k_s.view(torch.float32).view(-1),
+                    chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, topk, buf[r0:r1])
+
+        if m.num_decodes > 0:
+            dm = m.decode
+            nd = m.num_decode_tokens
+            B = dm.decode_lens.shape[0]
+            padded = dm.requires_padding or (nd % B != 0)
+            if padded:
+                from vllm.v1.attention.ops.common import pack_seq_triton, unpack_seq_triton
+
+                qp = pack_seq_triton(q_u8[:nd], dm.decode_lens, pad_value=0)
+                wp = pack_seq_triton(weights[:nd], dm.decode_lens, pad_value=0.0)
+                next_n = qp.shape[1]
+                wp = wp.reshape(B * next_n, -1)
+                tmp = torch.empty((B * next_n, topk), dtype=buf.dtype, device=buf.device)
+            else:
+                next_n = nd // B
+                qp = q_u8[:nd].view(B, next_n, *q_u8.shape[1:])
+                wp = weights[:nd]
+                tmp = buf[: B * next_n]
+            ampere_indexer.decode_topk(
+                qp, wp, kv_cache, dm.seq_lens[:B], dm.block_table[:B], kv_cache.shape[1], topk,
+                tmp)
+            if padded:
+                rows = unpack_seq_triton(tmp[:, :topk].reshape(B, next_n, topk), dm.decode_lens)
+                buf[: rows.shape[0], :topk] = rows
+        return buf
+
+
+class DeepseekV4AmpereIndexerCache(DeepseekV4IndexerCache):
+    """The upstream 132-byte FP8 indexer page, unchanged (the scorer above
+    reads it directly).  Its metadata builder is upstream's; DeepGEMM's
+    paged-MQA schedule metadata is skipped below SM90 by the patch set's
+    architecture gate (indexer.py), not here."""
+
+
+class DeepseekV4AmpereIndexer(DeepseekV4Indexer):
+    def _get_cache_cls(self):
+        return DeepseekV4AmpereIndexerCache
+
+    def _get_attn_cls(self):
+        return AmpereSparseAttnIndexer
+
+    def _register_q_quant_warmup(self) -> None:
+        # Upstream registers Triton fp8e4nv / CuTe DSL kernels: SM89+ only.
+        return None
+
+    def _q_rope_quant(self, positions, q, rotary_emb, indexer_weights):
+        return indexer_q_rope_quant(
+            positions, q, rotary_emb.cos_sin_cache, indexer_weights, self.softmax_scale,
+            self.n_head**-0.5)
