@@ -69,9 +69,11 @@ def _as_bytes(cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         raise ValueError(f"FP8 cache must have 1-byte elements, got {cache.dtype}")
     block_size = cache.shape[1]
     block_stride = cache.stride(0)
-    flat = torch.as_strided(
-        cache.view(torch.uint8), (cache.shape[0] * block_stride,), (1,), cache.storage_offset()
-    ) if cache.shape[0] > 0 else cache.new_zeros(0, dtype=torch.uint8)
+    if cache.shape[0] == 0:
+        return cache.new_zeros(0, dtype=torch.uint8), block_stride, block_size
+    # the last block's padding may lie outside the storage: stop at its last record
+    size = (cache.shape[0] - 1) * block_stride + block_size * RECORD_BYTES
+    flat = torch.as_strided(cache.view(torch.uint8), (size,), (1,), cache.storage_offset())
     return flat, block_stride, block_size
 
 
@@ -114,7 +116,9 @@ def pack_fp8_ds_mla(
     n = kv.shape[0]
     if n == 0:
         return
-    s = slots.to(torch.int64).to(kv.device)
+    dev = flat.device
+    s = slots.to(device=dev, dtype=torch.int64)
+    kv = kv.to(dev)
     nope = kv[:, :NOPE_DIM].double().reshape(n, NUM_SCALES, QUANT_GROUP)
     absmax = nope.abs().amax(-1).clamp(min=1e-30)
     exponent = torch.ceil(torch.log2(absmax / FP8_MAX)).clamp(-127, 127)
@@ -127,11 +131,10 @@ def pack_fp8_ds_mla(
     base = block * block_stride
     data = base + pos * DATA_BYTES
     scale = base + block_size * DATA_BYTES + pos * SCALE_BYTES
-    dev = flat.device
-    flat[(data[:, None] + torch.arange(NOPE_DIM)).to(dev)] = codes.to(dev)
-    flat[(data[:, None] + NOPE_DIM + torch.arange(2 * ROPE_DIM)).to(dev)] = rope.to(dev)
-    flat[(scale[:, None] + torch.arange(NUM_SCALES)).to(dev)] = sc.to(dev)
-    flat[(scale + NUM_SCALES).to(dev)] = 0
+    flat[data[:, None] + torch.arange(NOPE_DIM, device=dev)] = codes
+    flat[data[:, None] + NOPE_DIM + torch.arange(2 * ROPE_DIM, device=dev)] = rope
+    flat[scale[:, None] + torch.arange(NUM_SCALES, device=dev)] = sc
+    flat[scale + NUM_SCALES] = 0
 
 
 def _list_valid(indices: torch.Tensor, lens: torch.Tensor | None, upper: int | None):

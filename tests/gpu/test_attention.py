@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU tests of the SM80 sparse MLA attention kernels against the torch references.
+
+Oracles: ``deepinfer_sm80.reference.attention`` in float64 (relative Frobenius error of the
+bf16 output <= 1e-2) and in float32 from the same bf16/FP8 inputs, rounded to the output's
+bf16 like an fp32 implementation's output (<= 2e-3). Fresh random inputs every run; the
+output is poisoned with NaN first. Both shared-memory caps (SM80 163 KB, SM86 99 KB) are
+forced. Skips on machines without CUDA or without the built extension."""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+_OVERLAY = pathlib.Path(__file__).resolve().parents[2] / "overlay"
+if str(_OVERLAY) not in sys.path:
+    sys.path.insert(0, str(_OVERLAY))
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (the SM80 attention kernels)", allow_module_level=True)
+
+
+def _load_ext() -> str | None:
+    lib = os.environ.get("DEEPINFER_SM80_LIB")
+    if lib:
+        torch.ops.load_library(lib)
+        return None
+    try:
+        from deepinfer_sm80 import _ext  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"deepinfer_sm80._C is not built ({e}); run `make build` or set DEEPINFER_SM80_LIB"
+    return None
+
+
+_why = _load_ext()
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
+from deepinfer_sm80.ops import attention as ops  # noqa: E402
+from deepinfer_sm80.reference import attention as ref  # noqa: E402
+
+DEV = "cuda"
+SCALE = 512**-0.5
+CAPS = {"sm80": 163 * 1024, "sm86": 99 * 1024}
+BLOCK = 64  # entries per page (SWA and C4 caches)
+STRIDE = BLOCK * ref.RECORD_BYTES + 64  # upstream pads the page to a multiple of 576
+
+
+def _seed():
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    return s
+
+
+def _cache(num_blocks: int) -> torch.Tensor:
+    """Paged fp8_ds_mla cache filled with random bytes (entries never written stay junk)."""
+    storage = torch.randint(0, 256, (num_blocks * STRIDE,), dtype=torch.uint8, device=DEV)
+    return torch.as_strided(storage, (num_blocks, BLOCK, ref.RECORD_BYTES), (STRIDE, ref.RECORD_BYTES, 1))
+
+
+def _fill(cache: torch.Tensor, slots: torch.Tensor) -> None:
+    slots = torch.unique(slots[slots >= 0].long())
+    kv = torch.randn(slots.numel(), 512, device=DEV)
+    kv[:, :448] *= torch.exp2(torch.randint(-3, 4, (slots.numel(), 7), device=DEV).float()).repeat_interleave(64, 1)
+    ref.pack_fp8_ds_mla(kv, slots, cache)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.double()
+    b = b.double()
+    nb = b.norm().item()
+    if nb == 0:
+        return a.norm().item()
+    return ((a - b).norm() / nb).item()
+
+
+def _check(out, lse, ref64, ref32, lse64, tag):
+    assert not torch.isnan(out).any(), f"{tag}: NaN in output (unwritten or bad math)"
+    e64 = _rel(out, ref64)
+    e32 = _rel(out, ref32.to(torch.bfloat16))
+    assert e64 <= 1e-2, f"{tag}: rel err vs float64 {e64:.3e}"
+    assert e32 <= 2e-3, f"{tag}: rel err vs fp32 {e32:.3e}"
+    empty = torch.isposinf(lse64)
+    assert torch.equal(torch.isposinf(lse), empty), f"{tag}: lse=+inf pattern differs"
+    if (~empty).any():
+        torch.testing.assert_close(lse[~empty].double(), lse64[~empty], rtol=1e-4, atol=1e-4, msg=tag)
+    return e64, e32
+
+
+def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind, cap, splits=0):
+    seed = _seed()
+    t = num_req * rows
+    window, topk = 128, 512
+    # SWA cache: each request owns random pages; row j of a request sees positions
+    # [pos + j - 127, pos + j] (MTP/DSpark rows overlap).
+    pages_per_req = 4
+    swa = _cache(num_req * pages_per_req + 3)
+    perm = torch.randperm(swa.shape[0], device=DEV)[: num_req * pages_per_req].view(num_req, pages_per_req)
+    pos0 = torch.randint(window + rows, pages_per_req * BLOCK - rows, (num_req,), device=DEV)
+    pos = pos0.repeat_interleave(rows) + torch.arange(rows, device=DEV).repeat(num_req)
+    w = pos[:, None] - window + 1 + torch.arange(window, device=DEV)[None, :]
+    req = torch.arange(num_req, device=DEV).repeat_interleave(rows)
+    swa_idx = (perm[req[:, None], w // BLOCK] * BLOCK + w % BLOCK).int()
+    comp = None
+    comp_idx = comp_lens = None
+    if not swa_only:
+        nb = (2**20 // BLOCK + 64) if big_slots else 40
+        comp = _cache(nb)
+        lo = 2**20 if big_slots else 0
+        comp_idx = torch.randint(lo, nb * BLOCK, (t, topk), device=DEV, dtype=torch.int32)
+    # lengths
+    if lens_kind == "full":
+        swa_lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
+        comp_lens = None if swa_only else torch.full((t,), topk, dtype=torch.int32, device=DEV)
+    else:  # mixed: 0, 1, partial, full; -1 padding past the length and some holes
+        swa_lens = torch.randint(0, window + 1, (t,), dtype=torch.int32, device=DEV)
+        swa_lens[0] = 0
+        if t > 1:
+            swa_lens[1] = 1
+        if not swa_only:
+            comp_lens = torch.randint(0, topk + 1, (t,), dtype=torch.int32, device=DEV)
+            comp_lens[0] = 0
+            if t > 2:
+                comp_lens[2] = 1
+            comp_idx[torch.arange(topk, device=DEV)[None, :] >= comp_lens[:, None]] = -1
+            comp_idx[:, 5] = -1  # a hole inside the valid prefix
+        swa_idx[torch.arange(window, device=DEV)[None, :] >= swa_lens[:, None]] = -1
+    _fill(swa, swa_idx)
+    if comp is not None:
+        _fill(comp, comp_idx)
+    q = torch.randn(t, 1, heads, 512, device=DEV).to(torch.bfloat16)
+    sink = {"finite": torch.randn(heads, device=DEV),
+            "neg_inf": torch.full((heads,), -math.inf, device=DEV),
+            "none": None}[sink_kind]
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((t, heads, 1), math.nan, device=DEV)
+    ops.sparse_mla_decode(q, swa, swa_idx.view(t, 1, window), swa_lens, comp,
+                          None if comp_idx is None else comp_idx.view(t, 1, topk), comp_lens,
+                          sink, SCALE, out, lse, smem_cap=cap, num_splits=splits)
+    torch.cuda.synchronize()
+    args = (q, swa, swa_idx, swa_lens, comp, comp_idx, comp_lens, sink, SCALE)
+    r64, l64 = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float64)
+    r32, _ = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float32)
+    tag = f"decode seed={seed} req={num_req} rows={rows} h={heads} swa_only={swa_only} lens={lens_kind} big={big_slots} sink={sink_kind} cap={cap} splits={splits}"
+    _check(out, lse, r64, r32, l64, tag)
+    if lens_kind == "mixed":
+        empty = (swa_lens == 0) & ((comp_lens == 0) if comp_lens is not None else True)
+        assert (out[empty] == 0).all(), tag
+
+
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_decode_heads_rows(cap, heads, rows):
+    _decode_case(num_req=3, rows=rows, heads=heads, swa_only=False, lens_kind="mixed",
+                 big_slots=False, sink_kind="finite", cap=cap)
+
+
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("sink_kind", ["finite", "neg_inf", "none"])
+@pytest.mark.parametrize("swa_only", [False, True])
+def test_decode_sink_and_swa_only(cap, sink_kind, swa_only):
+    _decode_case(num_req=4, rows=2, heads=64, swa_only=swa_only, lens_kind="mixed",
+                 big_slots=False, sink_kind=sink_kind, cap=cap)
+
+
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_slot_ids_above_2_20(cap, heads):
+    _decode_case(num_req=2, rows=1, heads=heads, swa_only=False, lens_kind="full",
+                 big_slots=True, sink_kind="finite", cap=cap)
+
+
+@pytest.mark.parametrize("num_req", [1, 8, 128])
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_batch(num_req, heads):
+    _decode_case(num_req=num_req, rows=1, heads=heads, swa_only=False, lens_kind="full",
+                 big_slots=False, sink_kind="finite", cap=0)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 20])
+def test_decode_forced_splits(splits):
+    """The split-combine path (sink-aware merge) against the same oracle, incl. empty splits."""
+    _decode_case(num_req=2, rows=3, heads=32, swa_only=False, lens_kind="mixed",
+                 big_slots=False, sink_kind="finite", cap=0, splits=splits)
+
+
+def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
+    seed = _seed()
+    q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)
+    kv = torch.randn(s_kv, 1, 512, device=DEV).to(torch.bfloat16)
+    idx = torch.randint(0, s_kv, (t, 1, topk), device=DEV, dtype=torch.int32)
+    lens = torch.randint(0, topk + 1, (t,), device=DEV, dtype=torch.int32)
+    lens[0] = 0
+    if t > 1:
+        lens[1] = 1
+    if t > 2:
+        lens[2] = topk
+    idx[:, :, 3] = -1          # invalid: negative
+    idx[:, :, 7] = s_kv + 5    # invalid: past the workspace
+    idx[torch.arange(topk, device=DEV)[None, None, :] >= lens[:, None, None]] = -1
+    sink = {"finite": torch.randn(heads, device=DEV),
+            "neg_inf": torch.full((heads,), -math.inf, device=DEV), "none": None}[sink_kind]
+    out = torch.full_like(q, math.nan)
+    out, mx, lse = ops.flash_mla_sparse_fwd(q, kv, idx, SCALE, attn_sink=sink, topk_length=lens,
+                                            out=out, smem_cap=cap)
+    torch.cuda.synchronize()
+    r64, m64, l64 = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float64)
+    r32, _, _ = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float32)
+    tag = f"prefill seed={seed} t={t} h={heads} cap={cap} sink={sink_kind}"
+    _check(out, lse, r64, r32, l64, tag)
+    fin = torch.isfinite(m64)
+    assert torch.equal(torch.isneginf(mx), ~fin), tag
+    torch.testing.assert_close(mx[fin].double(), m64[fin], rtol=1e-4, atol=1e-4, msg=tag)
+    assert (out[lens == 0] == 0).all(), tag
+
+
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
+def test_prefill_heads(cap, heads):
+    _prefill_case(t=40, heads=heads, cap=cap)
+
+
+@pytest.mark.parametrize("sink_kind", ["neg_inf", "none"])
+def test_prefill_sink_kinds(sink_kind):
+    _prefill_case(t=17, heads=64, cap=0, sink_kind=sink_kind)
+
+
+def test_prefill_upstream_shapes():
+    """Upstream's combined list: top-k 512 + window 128 rounded up to 768 with -1 padding."""
+    _prefill_case(t=130, heads=64, cap=0, topk=768)
+
+
+def test_plan_configs():
+    p80 = ops.sparse_mla_plan(128, 64, 640, True, 108, CAPS["sm80"])
+    p86 = ops.sparse_mla_plan(128, 64, 640, True, 84, CAPS["sm86"])
+    assert p80["heads_per_block"] == 64 and p80["smem_bytes"] <= CAPS["sm80"]
+    assert p86["heads_per_block"] <= 16 and p86["smem_bytes"] <= CAPS["sm86"]
+    assert ops.sparse_mla_plan(1, 8, 640, True, 108)["splits"] > 1
