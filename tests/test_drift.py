@@ -159,3 +159,42 @@ def test_missing_target_version_is_clear(synth, monkeypatch):
     with pytest.raises(Exception) as ei:
         drift.build_report(BASE_VERSION, "9.9.9", p.root)
     assert "vllm-9.9.9.tar.gz" in str(ei.value)
+
+
+def test_latest_release_from_configured_index(synth, monkeypatch):
+    """The newest final release comes from pip's configured index (here a file:// one),
+    by version order, pre-releases excluded."""
+    from deepinfer import upstream
+    p = synth({"vllm/a.py": numbered("a")})
+    simple = p.tmp / "index" / "simple"
+    (simple / "vllm").mkdir(parents=True)
+    files = ["vllm-1.0.0.tar.gz", "vllm-1.10.0.tar.gz", "vllm-1.9.0.tar.gz",
+             "vllm-2.0.0rc1.tar.gz", "vllm-1.10.0-py3-none-any.whl"]
+    (simple / "vllm" / "index.html").write_text(
+        "<html><body>" + "".join(f'<a href="../../files/{f}#sha256={"0" * 64}">{f}</a>'
+                                 for f in files) + "</body></html>")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", simple.as_uri())
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    assert upstream.latest_release("vllm") == "1.10.0"
+
+
+def test_against_a_git_revision(synth, monkeypatch):
+    from test_drift_synth import git
+    p = synth({"vllm/a.py": numbered("a")})
+    p.add_patch("a", {"vllm/a.py": edit_line(numbered("a"), 5, "X")})
+    repo = p.tmp / "upstream-git"
+    (repo / "vllm").mkdir(parents=True)
+    (repo / "vllm" / "__init__.py").write_text("")
+    (repo / "vllm" / "a.py").write_text("one\ntwo\n" + numbered("a"))
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "upstream")
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    monkeypatch.setenv("GIT_URL", str(repo))
+    report = drift.build_report(BASE_VERSION, sha[:10], p.root)
+    assert report["to"]["kind"] == "git" and report["to"]["commit"] == sha
+    assert report["to"]["label"] == sha[:12]
+    hunk = report["patches"][0]["files"][0]["hunks"][0]
+    assert hunk["status"] == "offset" and hunk["offset"] == 2

@@ -130,21 +130,28 @@ def ensure_git_rev(url: str, rev: str, package: str = "vllm") -> tuple[Path, str
         if not url:
             raise DeepinferError(f"{rev!r} is not a release version and no git URL is known",
                                  hint="set GIT_URL= (a local clone works offline)")
-        for spec in (rev, f"refs/tags/{rev}:refs/tags/{rev}"):
-            r = subprocess.run(["git", "-C", str(cache), "fetch", "-q", "--no-tags", url, spec],
+        # a full id, a tag, a branch; an abbreviated id needs the branches and tags
+        attempts = [[rev], [f"+refs/tags/{rev}:refs/tags/{rev}"],
+                    ["+refs/heads/*:refs/deepinfer/heads/*", "+refs/tags/*:refs/tags/*"]]
+        errors = []
+        for specs in attempts:
+            r = subprocess.run(["git", "-C", str(cache), "fetch", "-q", "--no-tags", url, *specs],
                                capture_output=True, text=True,
                                env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-            if r.returncode == 0:
+            if r.returncode:
+                errors.append(r.stderr.strip())
+                continue
+            commit = rev_parse()
+            if commit is None and len(specs) == 1 and specs[0] == rev:
+                r2 = subprocess.run(["git", "-C", str(cache), "rev-parse", "FETCH_HEAD^{commit}"],
+                                    capture_output=True, text=True)
+                commit = r2.stdout.strip() if r2.returncode == 0 else None
+            if commit:
                 break
-        commit = rev_parse()
         if commit is None:
-            r2 = subprocess.run(["git", "-C", str(cache), "rev-parse", "FETCH_HEAD^{commit}"],
-                                capture_output=True, text=True)
-            if r.returncode or r2.returncode:
-                raise DeepinferError(f"cannot fetch {rev!r} from {url}: {r.stderr.strip()}",
-                                     hint="check the revision, or set GIT_URL to a clone "
-                                          "that has it")
-            commit = r2.stdout.strip()
+            raise DeepinferError(f"cannot find revision {rev!r} in {url}",
+                                 details=[f"  {e}" for e in errors if e],
+                                 hint="check the revision, or set GIT_URL to a clone that has it")
     return cache, commit
 
 
