@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import posixpath
 import re
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from . import hunkstatus as hs
 from . import overlaycheck as oc
 from . import upstream
-from .console import DeepinferError, report_error, warn
+from .console import DeepinferError, info, report_error, warn
 from .patchset import PatchSet, load_patchset, overlay_files, project_root, read_manifest
 
 SCHEMA = "deepinfer-drift/1"
@@ -211,8 +212,8 @@ def build_report(version: str, against: str | None, root: Path | None = None) ->
     for r in ov:
         ov_counts[r.status] = ov_counts.get(r.status, 0) + 1
     clean = (all(e["status"] in hs.EXACT_OK for e in entries)
-             and all(h_ok for h_ok in (h["status"] in hs.EXACT_OK for e in entries
-                                       for f in e["files"] for h in f["hunks"]))
+             and all(h["status"] in hs.EXACT_OK
+                     for e in entries for f in e["files"] for h in f["hunks"])
              and all(r.status == oc.OK for r in ov))
     return {
         "schema": SCHEMA,
@@ -258,14 +259,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     from .driftreport import print_report
     root = project_root()
     version = args.vllm or os.environ.get("VLLM") or "0.33.0"
     report = build_report(version, args.against, root)
     jpath, mpath = write_report(report, root)
     print_report(report)
-    from .console import info
     info(f"wrote {jpath.relative_to(root)} and {mpath.relative_to(root)}")
     if args.strict and not report["summary"]["clean"]:
         warn("STRICT: the patch set does not apply as it is (see the statuses above)")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -89,7 +88,7 @@ def start(to: str, from_version: str, force: bool = False, spec_value: str | Non
     dest = patch_dir(to, root)
     if dest.exists() and not force:
         raise DeepinferError(f"{_rel(dest)} already exists; rebase does not overwrite it",
-                             hint=f"compare with it, or re-run with FORCE=1 to replace it")
+                             hint="compare with it, or re-run with FORCE=1 to replace it")
     work = work_dir(root, to)
     if work.exists():
         if _am_in_progress(work) and not force:
