@@ -34,6 +34,7 @@ Usage: python bench/bench_cache.py [--tree DIR] [--quick] [--no-doc] [--sm-count
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import traceback
 from pathlib import Path
@@ -172,15 +173,20 @@ class Impls:
         except Exception as e:
             self.missing["portable"] = f"{type(e).__name__}: {e}"
         try:
+            from deepinfer_sm80 import _ext  # type: ignore[import-not-found]
+
+            _ext.load()  # ImportError saying how to build, when _C is absent
             from deepinfer_sm80.ops import cache as ours  # type: ignore[import-not-found]
+            from deepinfer_sm80.ops import index as ours_index  # type: ignore[import-not-found]
 
             self.gather["ours"] = ours.dequantize_and_gather_k_cache
-            comb = getattr(ours, "combine_topk_swa_indices", None)
-            if comb is None:
-                from deepinfer_sm80.ops import index as ours_index  # type: ignore[import-not-found]
-
-                comb = ours_index.combine_topk_swa_indices
-            self.combine["ours"] = comb
+            self.combine["ours"] = ours_index.combine_topk_swa_indices
+            if sm_count:  # same kernels, grid sized for another GPU's SM count
+                tag = f"ours@{sm_count}SM"
+                self.gather[tag] = functools.partial(ours.dequantize_and_gather_k_cache,
+                                                     sm_count=sm_count)
+                self.combine[tag] = functools.partial(ours_index.combine_topk_swa_indices,
+                                                      sm_count=sm_count)
         except Exception as e:
             self.missing["ours"] = f"{type(e).__name__}: {e}"
         self.sm_count = sm_count
@@ -234,7 +240,8 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
 
 # ---------------------------------------------------------------- benchmarks -------------
 def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
-    order = [k for k in ("ours", "upstream", "portable") if k in impls.gather]
+    order = [k for k in impls.gather if k.startswith("ours")] + \
+        [k for k in ("upstream", "portable") if k in impls.gather]
     for reqs, n in GATHER_CASES[:1] if quick else GATHER_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = reqs * n * (ENTRY_BYTES + 2 * HEAD)
@@ -272,6 +279,8 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
                        median_us=t.median_us, iqr_us=f"{t.p25_us:.1f}-{t.p75_us:.1f}",
                        gbps=bw, pct_copy=100.0 * bw / copy_gbps,
                        speedup_vs_upstream=(base.median_us / t.median_us) if base else None,
+                       speedup_vs_portable=(times["portable"].median_us / t.median_us)
+                       if "portable" in times else None,
                        exact_vs_upstream=exact.get(name, True if name == "upstream" else None),
                        sets=len(sets), timing=t.as_dict())
             print(f"gather {shape:>10} {name:>9}: {t.median_us:9.1f} us  {bw:7.0f} GB/s "
@@ -281,7 +290,8 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
 
 
 def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
-    order = [k for k in ("ours", "upstream") if k in impls.combine]
+    order = [k for k in impls.combine if k.startswith("ours")] + \
+        [k for k in ("upstream",) if k in impls.combine]
     for tokens, reqs in COMBINE_CASES[:1] if quick else COMBINE_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = tokens * (TOPK * 4 + WIDTH * 4 + 4)
@@ -337,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", help="vLLM source tree for the upstream baseline")
     ap.add_argument("--quick", action="store_true", help="first shape of each kernel only")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
-    ap.add_argument("--sm-count", type=int, help="SM count passed to our kernels (default: device)")
+    ap.add_argument("--sm-count", type=int, default=108,
+                    help="also time our kernels with the grid sized for this SM count "
+                         "(default 108, an A100's; 0: only the device's own)")
     args = ap.parse_args(argv)
     common.require_cuda()
     impls = Impls(args.tree, args.sm_count)
@@ -345,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         name="bench_cache",
         title="KV-cache gather and index combine (issue 4)",
         columns=["kernel", "shape", "impl", "median_us", "iqr_us", "gbps", "pct_copy",
-                 "speedup_vs_upstream", "exact_vs_upstream"],
+                 "speedup_vs_upstream", "speedup_vs_portable", "exact_vs_upstream"],
     )
     report.meta["copy"] = common.copy_bandwidth()
     copy_gbps = report.meta["copy"]["gbps_read_plus_write"]

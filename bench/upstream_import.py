@@ -172,7 +172,7 @@ def import_upstream(module: str = CACHE_UTILS, tree: str | os.PathLike | None = 
         raise UpstreamImportError(
             f"importing upstream {module} from {root} needs the Python package "
             f"'{dist}' (module '{missing}'), which is not installed. On an offline GPU box "
-            f"install the bundle's wheelhouse (`make wheels` in the unpacked GPU bundle), or "
+            f"run the unpacked GPU bundle's `./setup.sh` (installs its wheelhouse), or "
             f"`pip install {dist}` where an index is reachable.") from e
     origin = Path(getattr(mod, "__file__", "") or "")
     if root not in origin.resolve().parents:

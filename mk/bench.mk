@@ -1,0 +1,20 @@
+# GPU benchmarks and the offline GPU bundle (docs/benchmarks.md, tools/deepinfer/bundle.py).
+#   make bench [BENCH_ARGS='--quick']   every bench/bench_*.py: CUDA-graph medians vs upstream
+#                                       and portable baselines, measured copy bandwidth;
+#                                       writes bench/results/*.json and docs/benchmarks.md
+#   make gpu-bundle [TREE=DIR]          dist/deepinfer-gpu-bundle.tar.gz for an offline GPU box
+#                                       (TREE: vLLM tree, default the applied build/vllm-$(VLLM))
+BENCH_ARGS ?=
+TREE       ?= build/vllm-$(VLLM)
+
+.PHONY: bench gpu-bundle
+
+bench: $(STAMP_TORCH)
+	@rc=0; for f in bench/bench_*.py; do \
+		echo "== $$f"; \
+		DEEPINFER_BENCH_COMMAND="make bench$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" \
+			$(PY) $$f $(BENCH_ARGS) || rc=1; \
+	done; exit $$rc
+
+gpu-bundle: $(STAMP_TOOL)
+	@$(PY) -m deepinfer.bundle --vllm '$(VLLM)' --tree '$(TREE)'

@@ -1,0 +1,269 @@
+"""``make gpu-bundle``: one archive for an offline GPU machine (torch + triton installed, no
+vLLM, no network) that builds the extension there and runs ``make gpu-test`` and
+``make bench``.
+
+Contents (top folder ``deepinfer-gpu-bundle/``):
+
+- ``Makefile``, ``mk/``, ``pyproject.toml``, ``tools/``: the project's own make targets,
+  unchanged; ``setup.sh`` points them at the machine's ``python3`` (a ``.venv/bin/python``
+  wrapper and fresh venv stamps), so no virtualenv or index is needed there;
+- ``csrc/``, ``overlay/deepinfer_sm80/``, ``tests/``, ``bench/``, ``docs/benchmarks.md``,
+  ``scripts/``;
+- ``vllm-tree/``: the Python part of the applied vLLM tree (``vllm/**/*.py`` + LICENSE),
+  where ``bench/upstream_import.py`` finds upstream's kernels;
+- ``wheelhouse/``: wheels of the few pure-Python packages that importing upstream's kernels
+  reaches and a stock GPU image lacks, for the GPU box's Python (default CPython 3.12,
+  manylinux x86_64). ``setup.sh`` installs only those whose module is missing, into
+  ``.site/`` (``--no-index``);
+- ``BUNDLE.json``: versions, sources, the index the wheels came from, sha256 of each wheel.
+
+The wheels are fetched with ``pip download`` through pip's own configuration (the index is
+whatever pip is configured to use; no host is named here).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .console import DeepinferError, console
+
+REPO = Path(__file__).resolve().parents[2]
+TOP = "deepinfer-gpu-bundle"
+SIZE_LIMIT = 60 * 10**6
+DEFAULT_OUT = REPO / "dist" / "deepinfer-gpu-bundle.tar.gz"
+
+# Package -> module it provides. Measured by importing upstream 0.33.0's cache_utils with
+# only the parent packages registered as empty modules (bench/upstream_import.py): of the
+# modules that chain reaches, the stock GPU image lacks only these.
+WHEELS = {"pyzmq": "zmq"}
+
+# Project paths copied into the bundle (relative to the repo root), and what to skip.
+PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",
+                 "overlay/deepinfer_sm80", "tests", "bench", "scripts", "docs/benchmarks.md"]
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".git", "build", "results_tmp"}
+SKIP_SUFFIXES = {".pyc", ".so", ".o", ".whl"}
+
+SETUP_SH = r"""#!/usr/bin/env bash
+# Prepare this unpacked bundle on an offline GPU machine: install the wheels whose module
+# is missing into .site/, and point the project's make targets at this machine's python.
+#   PYTHON=python3 ./setup.sh && make build && make gpu-test && make bench
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import torch, triton' || {
+  echo "setup.sh: $PYTHON needs torch and triton (the bundle does not ship them)" >&2; exit 1; }
+mkdir -p .site .venv/bin
+missing=()
+while read -r whl mod; do
+  [ -n "$whl" ] || continue
+  if PYTHONPATH=.site "$PYTHON" -c "import $mod" 2>/dev/null; then
+    echo "setup.sh: $mod already importable, skipping $whl"
+  else
+    missing+=("wheelhouse/$whl")
+  fi
+done < wheelhouse/MODULES
+if [ ${#missing[@]} -gt 0 ]; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target .site "${missing[@]}"
+  echo "setup.sh: installed ${missing[*]} into .site/"
+fi
+here=$(pwd)
+py=$(command -v "$PYTHON")
+cat > .venv/bin/python <<EOF
+#!/bin/sh
+PYTHONPATH="$here/.site:$here/tools:$here/overlay\${PYTHONPATH:+:\$PYTHONPATH}" exec "$py" "\$@"
+EOF
+chmod +x .venv/bin/python
+touch .venv/.stamp-tool .venv/.stamp-torch
+export DEEPINFER_VLLM_TREE="$here/vllm-tree"
+.venv/bin/python bench/upstream_import.py --tree "$here/vllm-tree" || true
+echo "setup.sh: ready (make build | gpu-test | bench)"
+"""
+
+README = """# DeepInfer-SM80 GPU bundle
+
+For an offline machine with an NVIDIA GPU, CUDA's nvcc, and a python3 that has torch and
+triton (no vLLM, no network needed):
+
+    tar xzf deepinfer-gpu-bundle.tar.gz && cd deepinfer-gpu-bundle
+    ./setup.sh            # installs missing wheels from wheelhouse/ into .site/
+    make build            # the extension, for the GPU at hand (ARCHS="8.0 8.6" etc.)
+    make gpu-test         # GPU tests
+    make bench            # benchmarks -> bench/results/*.json, docs/benchmarks.md
+
+`vllm-tree/` holds the Python files of the applied vLLM tree; upstream's kernels are
+imported from there as baselines. BUNDLE.json says what went in.
+"""
+
+
+def _pip_index() -> str:
+    """The index pip is configured to use (pip's built-in default if none is set)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], text=True,
+                             capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        key, _, val = line.partition("=")
+        if key.strip().endswith("index-url") and not key.strip().endswith("extra-index-url"):
+            return val.strip().strip("'\"")
+    try:
+        from pip._internal.models.index import PyPI  # type: ignore[import-not-found]
+
+        return PyPI.simple_url
+    except Exception:  # pip internals moved: say so rather than guess a host
+        return "(pip's default index)"
+
+
+def download_wheels(dest: Path, specs: dict[str, str], python_version: str, platforms: list[str]
+                    ) -> list[Path]:
+    """``pip download --no-deps --only-binary=:all:`` each spec for the target Python."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", python_version, "--implementation", "cp", "-d", str(dest)]
+    for p in platforms:
+        cmd += ["--platform", p]
+    cmd += list(specs)
+    proc = subprocess.run(cmd, text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise DeepinferError(
+            f"pip download failed for {', '.join(specs)}",
+            hint="check pip's index configuration (`pip config list`) and network access, "
+                 "or pass --wheelhouse DIR with the wheels already downloaded",
+            details=proc.stderr.strip().splitlines()[-8:])
+    wheels = sorted(dest.glob("*.whl"))
+    for spec in specs:
+        base = spec.split("=")[0].split("<")[0].split(">")[0].strip().lower().replace("-", "_")
+        if not any(w.name.lower().startswith(base + "-") for w in wheels):
+            raise DeepinferError(f"no wheel for {spec} in {dest} after pip download")
+    return wheels
+
+
+def _add_tree(tar: tarfile.TarFile, src: Path, arc: str, only_py: bool = False) -> int:
+    n = 0
+    if src.is_file():
+        tar.add(src, arcname=arc, recursive=False)
+        return 1
+    for root, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for f in sorted(files):
+            p = Path(root) / f
+            if p.suffix in SKIP_SUFFIXES or (only_py and p.suffix != ".py"):
+                continue
+            tar.add(p, arcname=f"{arc}/{p.relative_to(src).as_posix()}", recursive=False)
+            n += 1
+    return n
+
+
+def _add_bytes(tar: tarfile.TarFile, arc: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(arc)
+    info.size = len(data)
+    info.mode = mode
+    info.mtime = int(_dt.datetime.now().timestamp())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], text=True,
+                              capture_output=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None = None,
+                 python_version: str = "3.12",
+                 platforms: list[str] | None = None) -> dict:
+    """Write the archive; returns the manifest (also stored as BUNDLE.json inside)."""
+    tree = tree.resolve()
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise DeepinferError(f"{tree} is not a vLLM source tree (no vllm/__init__.py)",
+                             hint="run `make apply` first, or pass TREE=<unpacked vLLM sdist>")
+    platforms = platforms or ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                              "manylinux_2_26_x86_64", "manylinux_2_17_x86_64",
+                              "manylinux2014_x86_64"]
+    with tempfile.TemporaryDirectory(prefix="deepinfer-bundle-") as tmp:
+        if wheelhouse is None:
+            wheels = download_wheels(Path(tmp) / "wh", dict.fromkeys(WHEELS, ""), python_version,
+                                     platforms)
+            index = _pip_index()
+        else:
+            wheels = sorted(Path(wheelhouse).glob("*.whl"))
+            index = f"local folder {wheelhouse}"
+        modules = []
+        for w in wheels:
+            dist = w.name.split("-")[0].lower().replace("_", "-")
+            mod = WHEELS.get(dist)
+            if mod is None:
+                raise DeepinferError(f"unexpected wheel {w.name}: not one of {sorted(WHEELS)}")
+            modules.append((w.name, mod))
+        manifest = {
+            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "repo_commit": _git_head(),
+            "vllm_tree": str(tree),
+            "vllm_tree_applied": (tree / ".git").exists(),
+            "target_python": python_version, "platforms": platforms, "index": index,
+            "wheels": {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels},
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_suffix(out.suffix + ".part")
+        with tarfile.open(part, "w:gz", compresslevel=9) as tar:
+            for rel in PROJECT_PATHS:
+                src = REPO / rel
+                if src.exists():
+                    _add_tree(tar, src, f"{TOP}/{rel}")
+            nvllm = _add_tree(tar, tree / "vllm", f"{TOP}/vllm-tree/vllm", only_py=True)
+            if (tree / "LICENSE").is_file():
+                tar.add(tree / "LICENSE", arcname=f"{TOP}/vllm-tree/LICENSE")
+            for w in wheels:
+                tar.add(w, arcname=f"{TOP}/wheelhouse/{w.name}")
+            _add_bytes(tar, f"{TOP}/wheelhouse/MODULES",
+                       "".join(f"{w} {m}\n" for w, m in modules).encode())
+            _add_bytes(tar, f"{TOP}/setup.sh", SETUP_SH.encode(), 0o755)
+            _add_bytes(tar, f"{TOP}/README-bundle.md", README.encode())
+            manifest["vllm_py_files"] = nvllm
+            _add_bytes(tar, f"{TOP}/BUNDLE.json", (json.dumps(manifest, indent=1) + "\n").encode())
+        size = part.stat().st_size
+        if size >= SIZE_LIMIT:
+            part.unlink()
+            raise DeepinferError(f"bundle would be {size / 1e6:.1f} MB, over the 60 MB limit")
+        shutil.move(part, out)
+        manifest["size_bytes"] = size
+        manifest["path"] = str(out)
+        return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deepinfer.bundle", description=__doc__.splitlines()[0])
+    ap.add_argument("--vllm", default=os.environ.get("VLLM", "0.33.0"))
+    ap.add_argument("--tree", help="vLLM source tree (default build/vllm-<version>)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--wheelhouse", help="use these wheels instead of pip download")
+    ap.add_argument("--python-version", default="3.12", help="the GPU box's Python (default 3.12)")
+    args = ap.parse_args(argv)
+    tree = Path(args.tree) if args.tree else REPO / "build" / f"vllm-{args.vllm}"
+    try:
+        m = build_bundle(tree, Path(args.out), python_version=args.python_version,
+                         wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None)
+    except DeepinferError as e:
+        from .console import report_error
+
+        report_error(e)
+        return e.exit_code
+    console.print(f"gpu-bundle: {m['path']} ({m['size_bytes'] / 1e6:.1f} MB; "
+                  f"{m['vllm_py_files']} vLLM .py files from {m['vllm_tree']}; "
+                  f"wheels: {', '.join(m['wheels']) or 'none'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
