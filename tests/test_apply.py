@@ -355,3 +355,22 @@ def test_path_source(synth, tmp_path):
 def test_bad_source_value():
     with pytest.raises(DeepinferError, match="unknown SOURCE"):
         source.SourceSpec.parse("ftp:x")
+
+
+def test_base_cache_is_used_and_identical(synth):
+    head = _apply(synth).state["head"]
+    entries = list((synth.cache / "bases").iterdir())
+    assert len(entries) == 1 and (entries[0] / "base.json").is_file()
+    sdist_bytes = synth.sdist.read_bytes()
+    synth.sdist.unlink()  # without the cache the apply would now need the (absent) index
+    ap.clean(build=synth.build)
+    assert _apply(synth).state["head"] == head
+    # a damaged cache entry is ignored and rebuilt from the (verified) sdist
+    for pack in entries[0].glob("*.pack"):
+        pack.chmod(0o644)
+        pack.write_bytes(b"PACK garbage")
+    synth.sdist.write_bytes(sdist_bytes)
+    ap.clean(build=synth.build)
+    assert _apply(synth).state["head"] == head
+    ap.clean(build=synth.build)
+    assert _apply(synth).state["head"] == head  # the rebuilt entry works

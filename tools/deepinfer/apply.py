@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -462,17 +463,84 @@ def apply(version: str, spec: source.SourceSpec, force: bool = False,
     return result
 
 
+BASE_CACHE_FORMAT = 1
+
+
+def _base_cache_dir(desc: str) -> Path:
+    return source.cache_root() / "bases" / hashlib.sha256(desc.encode()).hexdigest()[:32]
+
+
+def _materialize_base(ps: PatchSet, spec: source.SourceSpec,
+                      staging: Path) -> tuple[GitTree, str, source.SourceInfo]:
+    """Staging repository holding the base commit (pristine upstream, ``refs/deepinfer/base``).
+
+    For sdist and git sources the base commit is also kept as one pack in the per-user
+    cache (``<cache>/bases/<hash of the source identity>/``), written right after the
+    source was verified; a later apply checks the commit out of that pack instead of
+    unpacking and hashing ~9k files again. Set ``DEEPINFER_NO_BASE_CACHE=1`` to bypass it;
+    a damaged cache entry is ignored and rebuilt.
+    """
+    desc = source.describe(spec, ps.pin)
+    use_cache = spec.kind in ("sdist", "git") and not os.environ.get("DEEPINFER_NO_BASE_CACHE")
+    cdir = _base_cache_dir(desc)
+    if use_cache and (cdir / "base.json").is_file():
+        try:
+            meta = json.loads((cdir / "base.json").read_text())
+            if meta.get("format") != BASE_CACHE_FORMAT or meta.get("source") != desc:
+                raise ValueError("stale entry")
+            tree = GitTree.init(staging)
+            packdir = tree.git_dir / "objects" / "pack"
+            for f in sorted(cdir.glob("*.pack")) + sorted(cdir.glob("*.idx")):
+                try:
+                    os.link(f, packdir / f.name)
+                except OSError:
+                    shutil.copyfile(f, packdir / f.name)
+            base = meta["base"]
+            tree.run("update-ref", f"refs/heads/{g.BRANCH}", base)
+            tree.update_ref(BASE_REF, base)
+            tree.run("read-tree", "-u", "--reset", "HEAD")
+            _checkpoint("source")
+            _checkpoint("base")
+            return tree, base, source.SourceInfo(spec.kind, desc, meta["commit"], meta["label"])
+        except (OSError, ValueError, KeyError, DeepinferError) as exc:
+            warn(f"ignoring the cached base in {cdir} ({exc}); rebuilding it")
+            source.remove_tree(staging)
+    src = source.materialize(spec, ps.pin, staging)
+    _checkpoint("source")
+    tree = GitTree.init(staging)
+    base = tree.commit_all(
+        f"vLLM {ps.pin.version} pristine upstream\n\nSource: {src.label}\n"
+        f"Upstream commit: {src.commit}\n")
+    tree.update_ref(BASE_REF, base)
+    _checkpoint("base")
+    if use_cache:
+        _write_base_cache(tree, base, src, cdir)
+    return tree, base, src
+
+
+def _write_base_cache(tree: GitTree, base: str, src: source.SourceInfo, cdir: Path) -> None:
+    tmp = cdir.parent / f".{cdir.name}.tmp-{os.getpid()}"
+    try:
+        source.remove_tree(tmp)
+        tmp.mkdir(parents=True)
+        tree.run("-c", "pack.compression=1", "pack-objects", "--window=0", "--revs", "-q",
+                 str(tmp / "base"), stdin=f"{base}\n".encode())
+        (tmp / "base.json").write_text(json.dumps(
+            {"format": BASE_CACHE_FORMAT, "source": src.description, "base": base,
+             "commit": src.commit, "label": src.label}, indent=2) + "\n")
+        source.remove_tree(cdir)
+        os.rename(tmp, cdir)
+    except (OSError, DeepinferError) as exc:
+        warn(f"could not cache the base commit in {cdir}: {exc}")
+    finally:
+        source.remove_tree(tmp)
+
+
 def _build(ps: PatchSet, overlay: list[OverlayFile], spec: source.SourceSpec,
            fingerprint: str, target: Path, build: Path) -> ApplyResult:
     staging = build / f".vllm-{ps.pin.version}.tmp-{os.getpid()}"
     try:
-        src = source.materialize(spec, ps.pin, staging)
-        _checkpoint("source")
-        tree = GitTree.init(staging)
-        base = tree.commit_all(
-            f"vLLM {ps.pin.version} pristine upstream\n\nSource: {src.label}\n"
-            f"Upstream commit: {src.commit}\n")
-        tree.update_ref(BASE_REF, base)
+        tree, base, src = _materialize_base(ps, spec, staging)
         _checkpoint("base")
         base_blobs = tree.ls_tree(base)
         warnings = check_manifest(ps, overlay, base_blobs, _rel(target))
