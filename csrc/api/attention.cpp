@@ -22,6 +22,7 @@ namespace {
 using at::Tensor;
 
 constexpr int64_t kRecordBytes = kDataBytes + kScaleBytes;
+constexpr int64_t kMaxSplits = 64;  // combine keeps the per-split weights in shared memory
 
 int device_smem_cap(int64_t forced) {
   int dev = 0, optin = 0;
@@ -61,7 +62,7 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
 int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const LaunchInfo& li,
                   int sms, int smem_cap) {
   if (tokens == 0 || capacity <= li.keys_per_tile) return 1;
-  const int64_t max_splits = std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, 64);
+  const int64_t max_splits = std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>((smem_cap + 1024) / (li.smem_bytes + 1024),
                                                                  2048 / li.threads));
   const int64_t slots = sms * per_sm;
@@ -209,7 +210,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   const LaunchInfo li = decode_launch_info(id);
   const int64_t groups = (H + li.heads_per_block - 1) / li.heads_per_block;
   const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
-  int splits = num_splits > 0 ? static_cast<int>(num_splits)
+  int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, kMaxSplits))
                               : choose_splits(T, groups, capacity, li, device_sms(num_sms), cap);
   const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
   splits = static_cast<int>(std::min<int64_t>(splits, tiles));
@@ -221,7 +222,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   Tensor part_o, part_ml;
   if (p.num_splits > 1) {
     part_o = at::empty({T, p.num_splits, H, kHeadDim}, q.options().dtype(at::kFloat));
-    part_ml = at::empty({T, p.num_splits, 2, H}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({T, p.num_splits, 3, H}, q.options().dtype(at::kFloat));
     p.part_o = part_o.data_ptr<float>();
     p.part_ml = part_ml.data_ptr<float>();
   }

@@ -48,7 +48,7 @@ struct SparseMlaParams {
   int num_splits = 1;
   int keys_per_split = 0;          // multiple of the tile's key count
   float* part_o = nullptr;         // [T, splits, 512, H] unnormalised sum p*v
-  float* part_ml = nullptr;        // [T, splits, 2, H]: running max (log2 units), sum p
+  float* part_ml = nullptr;        // [T, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
 };
 
 // Tile configurations (see config_sm80.h / config_sm86.h and docs/attention.md).

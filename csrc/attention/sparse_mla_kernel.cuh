@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   float* s_alpha = reinterpret_cast<float*>(smem + L::alpha);
   float* s_m = reinterpret_cast<float*>(smem + L::stat_m);
   float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
+  float* s_lx = reinterpret_cast<float*>(smem + L::stat_lx);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int groups = (p.num_heads + HG - 1) / HG;
@@ -79,46 +80,51 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
   }
 
-  // ---- tile loader (tile j -> stage j % STAGES)
-  auto load_tile = [&](int j) {
+  // ---- tile loader. Each thread owns NI (key row, 16-byte chunk) items of a tile; the
+  // key indices of tile j+1 are fetched into registers one iteration before its copies are
+  // issued, so index latency never stalls the copy issue.
+  constexpr int kChunks = kFp8 ? kDataBytes / 16 + 1 : 64;  // fp8: 36 data chunks + scales
+  constexpr int NI = (BK * kChunks + NT - 1) / NT;
+  int pidx[NI];
+  auto fetch_idx = [&](int j) {
+    const int kb = k_begin + j * BK;
+#pragma unroll
+    for (int it = 0; it < NI; ++it) {
+      const int i = tid + it * NT;
+      const int r = i / kChunks, k = kb + r;
+      int idx = -1;
+      if (i < BK * kChunks && k < k_end) {
+        const int s = k < len0 ? 0 : 1;
+        const KeySource& ks = p.src[s];
+        idx = ks.indices[tok * ks.indices_stride + (s ? k - len0 : k)];
+      }
+      pidx[it] = idx;
+    }
+  };
+  auto issue_tile = [&](int j) {
     const int st = j % STAGES;
     const int kb = k_begin + j * BK;
-    if constexpr (!kFp8) {
-      for (int i = tid; i < BK * 64; i += NT) {
-        const int r = i >> 6, c = i & 63, k = kb + r;
-        bool ok = false;
-        const uint8_t* src = p.src[0].base;
-        if (k < k_end) {
-          const int s = k < len0 ? 0 : 1;
-          const KeySource& ks = p.src[s];
-          const int pos = s ? k - len0 : k;
-          const int idx = ks.indices[tok * ks.indices_stride + pos];
-          ok = idx >= 0 && idx < ks.num_rows;
-          if (ok) src = ks.base + static_cast<int64_t>(idx) * ks.row_stride + c * 16;
-        }
+#pragma unroll
+    for (int it = 0; it < NI; ++it) {
+      const int i = tid + it * NT;
+      if (i >= BK * kChunks) break;
+      const int r = i / kChunks, c = i - r * kChunks, k = kb + r;
+      const int idx = pidx[it];
+      const KeySource& ks = p.src[k < len0 ? 0 : 1];
+      if constexpr (!kFp8) {
+        const bool ok = idx >= 0 && idx < ks.num_rows;
+        const uint8_t* src = ok ? ks.base + static_cast<int64_t>(idx) * ks.row_stride + c * 16 : p.src[0].base;
         ptx::cp_async_16(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0);
         if (c == 0) s_valid[st * BK + r] = ok;
-      }
-    } else {
-      constexpr int kChunks = kDataBytes / 16 + 1;  // 36 data chunks + the scales
-      for (int i = tid; i < BK * kChunks; i += NT) {
-        const int r = i / kChunks, c = i - r * kChunks, k = kb + r;
-        bool ok = false;
+      } else {
+        const bool ok = idx >= 0;
         const uint8_t* src = p.src[0].base;
-        if (k < k_end) {
-          const int s = k < len0 ? 0 : 1;
-          const KeySource& ks = p.src[s];
-          const int pos = s ? k - len0 : k;
-          const int idx = ks.indices[tok * ks.indices_stride + pos];
-          ok = idx >= 0;
-          if (ok) {
-            const int64_t blk = idx / ks.block_size;
-            const int64_t off = idx - blk * ks.block_size;
-            const uint8_t* block = ks.base + blk * ks.block_stride;
-            src = c < kChunks - 1
-                      ? block + off * kDataBytes + c * 16
-                      : block + static_cast<int64_t>(ks.block_size) * kDataBytes + off * kScaleBytes;
-          }
+        if (ok) {
+          const int blk = idx / ks.block_size;
+          const int off = idx - blk * ks.block_size;
+          const uint8_t* block = ks.base + static_cast<int64_t>(blk) * ks.block_stride;
+          src = c < kChunks - 1 ? block + off * kDataBytes + c * 16
+                                : block + ks.block_size * kDataBytes + off * kScaleBytes;
         }
         if (c < kChunks - 1) {
           ptx::cp_async_16(s_base + L::raw + st * Cfg::kRawBytes + r * kDataBytes + c * 16, src,
@@ -132,12 +138,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
   };
 
-  // ---- prologue: Q joins the first group
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < num_tiles) load_tile(s);
-    ptx::cp_async_commit();
+  // ---- prologue: Q joins the first group; indices of the next tile in flight
+  static_assert(STAGES == 2, "the loader pipelines one tile ahead");
+  if (num_tiles > 0) {
+    fetch_idx(0);
+    issue_tile(0);
   }
+  ptx::cp_async_commit();
+  if (num_tiles > 1) fetch_idx(1);
 
   float acc[DM][HN][4];
 #pragma unroll
@@ -149,17 +157,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
-  float m_run = -INFINITY, l_run = 0.f;
+  float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;
   const int g = lane >> 2, t = lane & 3;
 
   for (int j = 0; j < num_tiles; ++j) {
-    ptx::cp_async_wait<STAGES - 2>();
+    ptx::cp_async_wait<0>();
     __syncthreads();
-    {
-      const int jn = j + STAGES - 1;
-      if (jn < num_tiles) load_tile(jn);
-      ptx::cp_async_commit();
-    }
+    if (j + 1 < num_tiles) issue_tile(j + 1);
+    ptx::cp_async_commit();
+    if (j + 2 < num_tiles) fetch_idx(j + 2);
     const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
     if constexpr (kFp8) {
@@ -189,42 +195,49 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     if (warp < Cfg::S_WARPS) {
       const int km = warp / (HN / NTW);
       const int hn0 = (warp % (HN / NTW)) * NTW;
-      float sacc[NTW][4];
+      float sacc[2][NTW][4];  // even / odd k-steps: two independent MMA chains
 #pragma unroll
-      for (int n = 0; n < NTW; ++n)
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) sacc[n][c] = 0.f;
+        for (int n = 0; n < NTW; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) sacc[u][n][c] = 0.f;
       const int mi = lane >> 3;
       const int a_row = km * 16 + (mi & 1) * 8 + (lane & 7);
       const int a_chunk = mi >> 1;
 #pragma unroll 4
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const int u = ks & 1;
         uint32_t a[4];
         ptx::ldmatrix_x4(kt + swz(a_row, ks * 2 + a_chunk), a[0], a[1], a[2], a[3]);
         if constexpr (NTW == 1) {
           const int b_row = hn0 * 8 + (lane & 7);
           uint32_t b0, b1;
           ptx::ldmatrix_x2(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1);
-          ptx::mma_bf16_16816(sacc[0], a, b0, b1);
+          ptx::mma_bf16_16816(sacc[u][0], a, b0, b1);
         } else {
 #pragma unroll
           for (int n = 0; n < NTW; n += 2) {
             const int b_row = (hn0 + n + (mi >> 1)) * 8 + (lane & 7);
             uint32_t b0, b1, b2, b3;
             ptx::ldmatrix_x4(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1, b2, b3);
-            ptx::mma_bf16_16816(sacc[n], a, b0, b1);
-            ptx::mma_bf16_16816(sacc[n + 1], a, b2, b3);
+            ptx::mma_bf16_16816(sacc[u][n], a, b0, b1);
+            ptx::mma_bf16_16816(sacc[u][n + 1], a, b2, b3);
           }
         }
       }
+#pragma unroll
+      for (int n = 0; n < NTW; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sacc[0][n][c] += sacc[1][n][c];
 #pragma unroll
       for (int n = 0; n < NTW; ++n) {
         const int col = (hn0 + n) * 8 + 2 * t;
         const int row = km * 16 + g;
         *reinterpret_cast<float2*>(s_scores + row * Cfg::S_STRIDE + col) =
-            make_float2(sacc[n][0] * p.scale_log2, sacc[n][1] * p.scale_log2);
+            make_float2(sacc[0][n][0] * p.scale_log2, sacc[0][n][1] * p.scale_log2);
         *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
-            make_float2(sacc[n][2] * p.scale_log2, sacc[n][3] * p.scale_log2);
+            make_float2(sacc[0][n][2] * p.scale_log2, sacc[0][n][3] * p.scale_log2);
       }
     }
     __syncthreads();
@@ -239,18 +252,23 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 #pragma unroll
       for (int o = TPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m_run, mx);
-      float sum = 0.f;
+      float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
 #pragma unroll
       for (int r = sm_part; r < BK; r += TPH) {
         const float pr = valid[r] ? exp2f(s_scores[r * Cfg::S_STRIDE + sm_head] - m_new) : 0.f;
         const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
         s_probs[sm_head * Cfg::P_STRIDE + r] = pb;
         sum += __bfloat162float(pb);
+        sum_x += pr;
       }
 #pragma unroll
-      for (int o = TPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      for (int o = TPH / 2; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
+      }
       const float alpha = (m_run == m_new) ? 1.f : exp2f(m_run - m_new);
       l_run = l_run * alpha + sum;
+      lx_run = lx_run * alpha + sum_x;
       m_run = m_new;
       if (sm_part == 0) s_alpha[sm_head] = alpha;
     }
@@ -303,6 +321,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   if (sm_part == 0) {
     s_m[sm_head] = m_run;
     s_l[sm_head] = l_run;
+    s_lx[sm_head] = lx_run;
   }
   __syncthreads();
   const int d_base = warp * Cfg::DW;
@@ -342,9 +361,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
     if (tid < HG && head0 + tid < p.num_heads) {
       const int h = head0 + tid;
-      const float l = s_l[tid], m = s_m[tid];
+      const float l = s_l[tid], m = s_m[tid], lx = s_lx[tid];
       if (p.lse != nullptr)
-        p.lse[tok * p.lse_stride_tok + h * p.lse_stride_head] = l > 0.f ? (m + log2f(l)) * kLn2 : INFINITY;
+        p.lse[tok * p.lse_stride_tok + h * p.lse_stride_head] = l > 0.f ? (m + log2f(lx)) * kLn2 : INFINITY;
       if (p.max_logits != nullptr)
         p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l > 0.f ? m * kLn2 : -INFINITY;
     }
@@ -361,9 +380,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           if (h < p.num_heads) p.part_o[(row0 + h) * kHeadDim + d] = acc[dm][hn][e];
         }
     if (tid < HG && head0 + tid < p.num_heads) {
-      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 2 * p.num_heads;
+      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 3 * p.num_heads;
       p.part_ml[ml + head0 + tid] = s_m[tid];
       p.part_ml[ml + p.num_heads + head0 + tid] = s_l[tid];
+      p.part_ml[ml + 2 * p.num_heads + head0 + tid] = s_lx[tid];
     }
   }
 }

@@ -43,6 +43,7 @@ export DEEPINFER_SM80_LIB=$BUILD/deepinfer_sm80_attention.so
 
 if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   t0=$(date +%s)
+  export ATTN_ERR_LOG=$OUT/errors.txt
   if [ -n "$KEXPR" ]; then
     python3 -m pytest -q -x -k "$KEXPR" tests/gpu/test_attention.py -p no:cacheprovider >"$OUT/test.log" 2>&1
   else
@@ -50,7 +51,8 @@ if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   fi
   trc=$?
   echo "tests rc=$trc in $(( $(date +%s) - t0 )) s"
-  grep -E "passed|failed|Error|error|assert" "$OUT/test.log" | head -40
+  grep -E "^E |passed|failed" "$OUT/test.log" | head -30
+  echo "worst errors (vs fp64, vs fp32):"; sort -g -k2 "$OUT/errors.txt" | tail -3
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then

@@ -84,12 +84,16 @@ def _check(out, lse, ref64, ref32, lse64, tag):
     assert not torch.isnan(out).any(), f"{tag}: NaN in output (unwritten or bad math)"
     e64 = _rel(out, ref64)
     e32 = _rel(out, ref32.to(torch.bfloat16))
+    if os.environ.get("ATTN_ERR_LOG"):
+        with open(os.environ["ATTN_ERR_LOG"], "a") as f:
+            f.write(f"{e64:.3e} {e32:.3e} {tag}\n")
     assert e64 <= 1e-2, f"{tag}: rel err vs float64 {e64:.3e}"
     assert e32 <= 2e-3, f"{tag}: rel err vs fp32 {e32:.3e}"
     empty = torch.isposinf(lse64)
     assert torch.equal(torch.isposinf(lse), empty), f"{tag}: lse=+inf pattern differs"
     if (~empty).any():
-        torch.testing.assert_close(lse[~empty].double(), lse64[~empty], rtol=1e-4, atol=1e-4, msg=tag)
+        d = (lse[~empty].double() - lse64[~empty]).abs().max().item()
+        assert d <= 1e-4 * (1 + lse64[~empty].abs().max().item()), f"{tag}: lse max abs err {d:.3e}"
     return e64, e32
 
 
@@ -217,7 +221,8 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
     _check(out, lse, r64, r32, l64, tag)
     fin = torch.isfinite(m64)
     assert torch.equal(torch.isneginf(mx), ~fin), tag
-    torch.testing.assert_close(mx[fin].double(), m64[fin], rtol=1e-4, atol=1e-4, msg=tag)
+    d = (mx[fin].double() - m64[fin]).abs().max().item() if fin.any() else 0.0
+    assert d <= 1e-4 * (1 + m64[fin].abs().max().item() if fin.any() else 1), f"{tag}: max_logits err {d:.3e}"
     assert (out[lens == 0] == 0).all(), tag
 
 
