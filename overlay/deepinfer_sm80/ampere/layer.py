@@ -59,10 +59,15 @@ class AmpereOps:
     source: dict[str, str]
 
 
-def _try(module: str, name: str):
+def _cuda_op(module: str, name: str, torch_op: str):
+    """``module.name`` when the extension loads and registers ``torch_op``."""
     try:
-        mod = importlib.import_module(module)
-        return getattr(mod, name)
+        from deepinfer_sm80 import _ext
+
+        _ext.load()
+        if not hasattr(torch.ops.deepinfer_sm80, torch_op):
+            return None
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, OSError, RuntimeError):
         return None
 
@@ -72,35 +77,38 @@ def resolve_ops(device: torch.device | str = "cuda", prefer_portable: bool = Fal
     dev = torch.device(device)
     src: dict[str, str] = {}
 
-    def pick(step, candidates, fallback):
-        if not prefer_portable:
-            for module, name in candidates:
-                fn = _try(module, name)
-                if fn is not None:
-                    src[step] = f"{module}.{name}"
-                    return fn
-        src[step] = f"portable.{fallback.__name__}"
+    def pick(step, module, name, torch_op, fallback, fallback_name):
+        fn = None if (prefer_portable or dev.type != "cuda") else _cuda_op(module, name, torch_op)
+        if fn is not None:
+            src[step] = f"{module}.{name}"
+            return fn
+        src[step] = fallback_name
         return fallback
 
-    gather_fb = portable.dequantize_and_gather_k_cache
+    gather_fb, gather_name = portable.dequantize_and_gather_k_cache, "portable (torch)"
     if dev.type == "cuda":
-        tp = _try("deepinfer_sm80.triton_portable", "dequantize_and_gather_k_cache")
-        if tp is not None:
-            gather_fb = tp
-    gather = pick("gather", [("deepinfer_sm80.ops.cache", "dequantize_and_gather_k_cache")],
-                  gather_fb)
-    if gather is gather_fb and gather_fb is not portable.dequantize_and_gather_k_cache:
-        src["gather"] = "triton_portable.dequantize_and_gather_k_cache"
-    global_topk = pick("global_topk", [("deepinfer_sm80.ops.index",
-                                        "compute_global_topk_indices_and_lens")],
-                       portable.compute_global_topk_indices_and_lens)
-    combine = pick("combine", [("deepinfer_sm80.ops.index", "combine_topk_swa_indices")],
-                   portable.combine_topk_swa_indices)
-    decode = pick("decode", [("deepinfer_sm80.ops.attention", "sparse_mla_decode")],
-                  portable.sparse_decode)
-    prefill = pick("prefill", [("deepinfer_sm80.ops.attention", "flash_mla_sparse_fwd")],
-                   portable.sparse_prefill)
-    return AmpereOps(gather, global_topk, combine, decode, prefill, src)
+        try:
+            from deepinfer_sm80.triton_portable import dequantize_and_gather_k_cache as tp
+
+            gather_fb, gather_name = tp, "triton_portable.dequantize_and_gather_k_cache"
+        except ImportError:
+            pass
+    return AmpereOps(
+        gather=pick("gather", "deepinfer_sm80.ops.cache", "dequantize_and_gather_k_cache",
+                    "dequantize_and_gather_k_cache", gather_fb, gather_name),
+        global_topk=pick("global_topk", "deepinfer_sm80.ops.index",
+                         "compute_global_topk_indices_and_lens",
+                         "compute_global_topk_indices_and_lens",
+                         portable.compute_global_topk_indices_and_lens, "portable (torch)"),
+        combine=pick("combine", "deepinfer_sm80.ops.index", "combine_topk_swa_indices",
+                     "combine_topk_swa_indices", portable.combine_topk_swa_indices,
+                     "portable (torch)"),
+        decode=pick("decode", "deepinfer_sm80.ops.attention", "sparse_mla_decode",
+                    "sparse_mla_decode", portable.sparse_decode, "portable (torch)"),
+        prefill=pick("prefill", "deepinfer_sm80.ops.attention", "flash_mla_sparse_fwd",
+                     "sparse_mla_prefill", portable.sparse_prefill, "portable (torch)"),
+        source=src,
+    )
 
 
 def forward_decode(
@@ -133,9 +141,9 @@ def forward_decode(
                 compressed_block_size, is_valid_token[:T])
         else:
             extra_idx, extra_lens = c128_global_indices, c128_lens
-    ops.decode(q, swa_cache, swa_indices[:T], swa_lens[:T],
+    ops.decode(q.unsqueeze(1), swa_cache, swa_indices[:T], swa_lens[:T],
                compressed_cache if compress_ratio > 1 else None, extra_idx, extra_lens,
-               attn_sink, scale, out)
+               attn_sink, scale, out.unsqueeze(1))
     return out
 
 
@@ -186,8 +194,8 @@ def forward_prefill(
         idx, lens = ops.combine(tk, query_start_loc[c0:c1 + 1], seq_lens[c0:c1],
                                 gather_lens[c0:c1], window_size, compress_ratio, top_k, chunk_m,
                                 chunk_n, out=(idx_buf[: t1 - t0], len_buf[: t1 - t0]))
-        ops.prefill(q[t0:t1], kv.view(-1, 1, D), idx.unsqueeze(1), scale, attn_sink, lens,
-                    out[t0:t1])
+        ops.prefill(q=q[t0:t1], kv=kv.view(-1, 1, D), indices=idx.unsqueeze(1), sm_scale=scale,
+                    attn_sink=attn_sink, topk_length=lens, out=out[t0:t1])
     return out
 
 

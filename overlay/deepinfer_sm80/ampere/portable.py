@@ -111,8 +111,9 @@ def sparse_decode(q, swa_cache, swa_indices, swa_lens, extra_cache, extra_indice
                   attn_sink, scale, out):
     """FlashMLA decode semantics: one softmax over the window list then the
     compressed list; entry valid iff index >= 0 and position < length; sink
-    only in the denominator.  q [T, H, 512] bf16 -> out [T, H, 512] bf16."""
-    T, H, D = q.shape
+    only in the denominator.  q [T, (1,) H, 512] bf16 -> out (same shape) bf16."""
+    T, H, D = q.shape[0], q.shape[-2], q.shape[-1]
+    q = q.reshape(T, H, D)
     if T == 0:
         return out
     idx = swa_indices.reshape(T, -1).to(torch.int64)
@@ -124,7 +125,7 @@ def sparse_decode(q, swa_cache, swa_indices, swa_lens, extra_cache, extra_indice
         rows = torch.cat([rows, read_fp8_ds_mla_rows(extra_cache, e.clamp(min=0), torch.float32)], 1)
         valid = torch.cat([valid, ev], 1)
     o = _attend_fp32(q.to(torch.float32), rows, valid, attn_sink, scale)
-    out.copy_(o.to(out.dtype))
+    out.copy_(o.to(out.dtype).view(out.shape))
     return out
 
 

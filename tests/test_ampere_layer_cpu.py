@@ -1,0 +1,41 @@
+"""CPU run of the Ampere attention step (portable ops) against the float64
+oracle: the same drivers as tests/gpu/test_ampere_layer.py, smaller batches."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "overlay"))
+from deepinfer_sm80.ampere import layer as L  # noqa: E402
+
+import layer_cases as C  # noqa: E402
+
+OPS = L.resolve_ops("cpu")
+
+
+@pytest.mark.parametrize("ratio,seq_lens,next_n", [
+    (4, [2300, 700], 1), (4, [2305], 6), (128, [1000, 300], 6), (1, [200, 90], 1)])
+def test_decode_step_matches_oracle(ratio, seq_lens, next_n):
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=8, device="cpu", seed=ratio)
+    md = C.decode_metadata(w, next_n)
+    g = torch.Generator().manual_seed(7)
+    q, iq, iw = C.make_queries(w, md.tok_pos + [0, 0], g)
+    out, topk = C.run_decode(w, md, OPS, q, iq, iw)
+    worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    assert n == len(seq_lens) * next_n
+    assert worst <= 2e-2, worst
+    assert torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("ratio,seq_lens,qlens", [(4, [2200, 600], [40, 600]), (128, [700], [300]),
+                                                 (1, [300, 150], [200, 5])])
+def test_prefill_chunk_matches_oracle(ratio, seq_lens, qlens):
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=8, device="cpu", seed=10 + ratio)
+    md = C.prefill_metadata(w, qlens)
+    g = torch.Generator().manual_seed(8)
+    q, iq, iw = C.make_queries(w, md.tok_pos, g)
+    out, topk = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw)
+    worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    assert worst <= 2e-2, worst
