@@ -116,6 +116,8 @@ REGISTRARS: list[Callable] = [register_core]
 # drift + rebase (issue 3; tools/deepinfer/drift.py, rebase.py)
 from .drift import register as _register_drift; REGISTRARS.append(_register_drift)  # noqa: E402,E702
 from .rebase import register as _register_rebase; REGISTRARS.append(_register_rebase)  # noqa: E402,E702
+# build + build-check (issue 4; tools/deepinfer/build.py)
+from .build import register as _register_build; REGISTRARS.append(_register_build)  # noqa: E402,E702
 # ---------------------------------------------------------------------------------------
 
 
