@@ -12,6 +12,7 @@ SOURCE   ?= sdist
 FORCE    ?= 0
 ARCHS    ?= 8.0 8.6
 TORCH_VERSION ?= 2.13.0
+TRITON_VERSION ?= 3.6.0
 
 export VLLM SOURCE FORCE ARCHS
 
@@ -27,6 +28,7 @@ $(STAMP_TOOL): pyproject.toml
 # torch (CPU build is enough for the CPU tests); kept separate because it is large.
 $(STAMP_TORCH): $(STAMP_TOOL)
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION) ninja numpy
+	@$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==$(TRITON_VERSION)
 	@touch $@
 
 .PHONY: venv venv-torch help

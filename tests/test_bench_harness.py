@@ -1,0 +1,171 @@
+"""CPU checks of the benchmark harness (bench/common.py), the upstream importer
+(bench/upstream_import.py) and the GPU bundle builder (tools/deepinfer/bundle.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def _fake_info():
+    return {"gpu": "Fake GPU", "sm_count": 7, "capability": "8.0", "memory_gib": 1.0,
+            "l2_mib": 40.0, "torch": "t", "cuda_runtime": "c", "python": "p", "triton": "x"}
+
+
+@pytest.fixture()
+def common(monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common as c
+
+    monkeypatch.setattr(c, "device_info", _fake_info)
+    monkeypatch.setattr(c, "l2_bytes", lambda device=None: 60 * 2**20)
+    return c
+
+
+def test_rotation_count(common):
+    l2 = 60 * 2**20
+    assert common.rotation_count(10 * 2**20) == 12  # 2 x L2 / 10 MiB
+    assert common.rotation_count(200 * 2**20) == 2  # at least two sets
+    assert common.rotation_count(1, max_sets=64) == 64
+    assert common.rotation_count(l2 // 3 + 1) == 6
+
+
+def test_report_json_and_markdown_section(common, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BENCH_COMMAND", "make bench")
+    r = common.Report(name="demo", title="Demo run", columns=["kernel", "median_us", "ok"])
+    r.meta["copy"] = {"gbps_read_plus_write": 4000.0, "method": "m"}
+    r.add(kernel="k|1", median_us=12.345, ok=True)
+    r.add(kernel="k2", median_us=None, ok=False)
+    assert r.check("a check", False, "detail") is False
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# B\n\nintro\n\n<!-- BEGIN demo -->\nstale\n<!-- END demo -->\n\n"
+                   "<!-- BEGIN other -->\nkeep me\n<!-- END other -->\n")
+    r.write_markdown(doc)
+    r.write_markdown(doc)  # idempotent: one section, replaced in place
+    text = doc.read_text()
+    assert text.count("<!-- BEGIN demo -->") == 1 and "stale" not in text
+    assert "keep me" in text and text.index("intro") < text.index("Demo run")
+    assert "| k\\|1 | 12.3 | yes |" in text and "| k2 | - | NO |" in text
+    assert "Fake GPU (7 SMs" in text and "4000 GB/s" in text
+    assert "make bench (runs: " in text and "FAIL: a check (detail)" in text
+    path = r.write_json(tmp_path / "results")
+    data = json.loads(path.read_text())
+    assert path.name.startswith("demo_fake-gpu_") and data["rows"][0]["median_us"] == 12.345
+    assert data["checks"] == [{"what": "a check", "ok": False, "detail": "detail"}]
+    new = tmp_path / "new.md"  # a missing doc gets created with the section appended
+    r.write_markdown(new)
+    assert new.read_text().startswith("# Benchmarks") and "<!-- END demo -->" in new.read_text()
+
+
+def _fake_tree(root: Path) -> Path:
+    """A vLLM-like tree whose package __init__ files must not run."""
+    files = {
+        "vllm/__init__.py": "raise RuntimeError('vllm/__init__ must not run')\n",
+        "vllm/_version.py": "__version__ = version = '9.8.7'\n",
+        "vllm/models/__init__.py": "raise RuntimeError('models/__init__ must not run')\n",
+        "vllm/models/ops/__init__.py": "raise RuntimeError('ops/__init__ must not run')\n",
+        "vllm/models/ops/kern.py": textwrap.dedent("""
+            from importlib.metadata import version
+            import vllm.util
+            VERSION = version("vllm")
+            """),
+        "vllm/util.py": "import vllm._C_stable_libtorch\nX = 1\n",
+        "vllm/needs_dep.py": "import surely_not_installed_pkg_xyz\n",
+        "LICENSE": "license text\n",
+    }
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def _run_importer(tree: Path, module: str) -> subprocess.CompletedProcess:
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(BENCH)!r})
+        import upstream_import as ui
+        try:
+            m = ui.import_upstream({module!r}, {str(tree)!r})
+        except ui.UpstreamImportError as e:
+            print("ERR", e)
+            raise SystemExit(3)
+        print("OK", m.VERSION, m.__file__)
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "DEEPINFER_VLLM_TREE"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_upstream_import_uses_shells_metadata_and_empty_extension(tmp_path):
+    tree = _fake_tree(tmp_path / "tree")
+    p = _run_importer(tree, "vllm.models.ops.kern")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("OK 9.8.7 ") and str(tree) in p.stdout
+
+
+def test_upstream_import_names_missing_package(tmp_path):
+    tree = _fake_tree(tmp_path / "tree")
+    p = _run_importer(tree, "vllm.needs_dep")
+    assert p.returncode == 3
+    assert "surely_not_installed_pkg_xyz" in p.stdout and "setup.sh" in p.stdout
+
+
+def test_upstream_import_rejects_non_tree(tmp_path):
+    p = _run_importer(tmp_path, "vllm.models.ops.kern")
+    assert p.returncode == 3 and "no vLLM source tree found" in p.stdout
+
+
+def test_gpu_bundle_contents(tmp_path, monkeypatch):
+    pytest.importorskip("rich")
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from deepinfer import bundle
+
+    tree = _fake_tree(tmp_path / "tree")
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "pyzmq-27.0.0-cp312-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"not really a wheel")
+    out = tmp_path / "b.tar.gz"
+    m = bundle.build_bundle(tree, out, wheelhouse=wh)
+    assert out.is_file() and m["size_bytes"] < bundle.SIZE_LIMIT
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        top = bundle.TOP
+        for rel in ("Makefile", "mk/bench.mk", "setup.sh", "BUNDLE.json", "README-bundle.md",
+                    "bench/common.py", "bench/upstream_import.py", "tools/deepinfer/bundle.py",
+                    "overlay/deepinfer_sm80/triton_portable/gather.py",
+                    "vllm-tree/vllm/models/ops/kern.py", "vllm-tree/LICENSE",
+                    "wheelhouse/MODULES", "wheelhouse/pyzmq-27.0.0-cp312-abi3-manylinux_2_28_x86_64.whl"):
+            assert f"{top}/{rel}" in names, rel
+        assert not any(n.endswith((".pyc", ".so")) or "__pycache__" in n for n in names)
+        assert tar.getmember(f"{top}/setup.sh").mode & 0o111
+        mods = tar.extractfile(f"{top}/wheelhouse/MODULES").read().decode()
+        assert mods.strip() == "pyzmq-27.0.0-cp312-abi3-manylinux_2_28_x86_64.whl zmq"
+        meta = json.loads(tar.extractfile(f"{top}/BUNDLE.json").read())
+        assert meta["vllm_py_files"] == 7 and len(meta["wheels"]) == 1
+
+
+def test_gpu_bundle_refuses_non_tree_and_unknown_wheels(tmp_path, monkeypatch):
+    pytest.importorskip("rich")
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from deepinfer import bundle
+    from deepinfer.console import DeepinferError
+
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    with pytest.raises(DeepinferError, match="not a vLLM source tree"):
+        bundle.build_bundle(tmp_path, tmp_path / "x.tar.gz", wheelhouse=wh)
+    (wh / "numpy-2.0-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"x")
+    with pytest.raises(DeepinferError, match="unexpected wheel"):
+        bundle.build_bundle(_fake_tree(tmp_path / "t"), tmp_path / "x.tar.gz", wheelhouse=wh)
