@@ -730,6 +730,12 @@ def clean(root: Path | None = None, build: Path | None = None) -> None:
     """Remove the build directory (applied trees, staging leftovers, the symlink)."""
     build = build or build_root(root)
     if build.exists():
+        with contextlib.ExitStack() as stack:
+            for lock in sorted(build.glob(".vllm-*.lock")):
+                stack.enter_context(_lock(build, lock.name[len(".vllm-"):-len(".lock")]))
+            for p in sorted(build.iterdir()):
+                if not p.name.endswith(".lock"):
+                    source.remove_tree(p)
         source.remove_tree(build)
         info(f"removed {_rel(build)}")
     else:

@@ -618,16 +618,20 @@ def materialize(spec: SourceSpec, pin: Pin, dest: Path) -> SourceInfo:
 
 
 def remove_tree(path: Path) -> None:
-    """rm -rf that also handles read-only files (git objects)."""
+    """rm -rf: tolerates files vanishing meanwhile and read-only entries (git objects)."""
     def onerror(func, p, exc_info):
-        try:
-            os.chmod(p, stat.S_IWUSR | stat.S_IRUSR | stat.S_IXUSR)
-            func(p)
-        except OSError:
-            pass
+        exc = exc_info[1]
+        if isinstance(exc, FileNotFoundError):
+            return
+        if func in (os.unlink, os.remove, os.rmdir) and isinstance(exc, PermissionError):
+            try:
+                os.chmod(os.path.dirname(p), stat.S_IRWXU)
+                func(p)
+                return
+            except OSError:
+                pass
+        raise exc
     if path.is_symlink() or path.is_file():
-        path.unlink()
+        path.unlink(missing_ok=True)
     elif path.exists():
         shutil.rmtree(path, onerror=onerror)
-
-
