@@ -1,0 +1,106 @@
+"""Build tooling checks (tools/deepinfer/build.py) and the host-side FP8 codec check.
+
+* parsing of ptxas output, architecture and gencode handling (pure Python);
+* `build-check` on the real csrc/ (needs nvcc; skips without it): every kernel compiles
+  for sm_80 / sm_86 without spills, and csrc/api/*.cpp passes a syntax check;
+* tests/native/fp8_codec_check.cu compiled for the host: the csrc/common codecs against
+  the software path of __nv_cvt_float_to_fp8 from cuda_fp8.hpp over a stride of all 2^32
+  float bit patterns (needs nvcc).
+"""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deepinfer import build as B
+from deepinfer.console import DeepinferError
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = B.find_nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit absent)")
+
+PTXAS_SAMPLE = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN3foo6kernelEv' for 'sm_80'
+ptxas info    : Function properties for _ZN3foo6kernelEv
+    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 2048 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z3barv' for 'sm_86'
+ptxas info    : Function properties for _Z3barv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 380 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas():
+    ks = B.parse_ptxas(PTXAS_SAMPLE, "x.cu")
+    assert [(k.kernel, k.arch) for k in ks] == [("_ZN3foo6kernelEv", "sm_80"),
+                                                ("_Z3barv", "sm_86")]
+    a, b = ks
+    assert (a.registers, a.smem, a.stack, a.spill_stores, a.spill_loads) == (255, 2048, 16, 8, 4)
+    assert a.spills and not b.spills and b.registers == 32 and b.smem == 0
+
+
+def test_parse_archs_and_gencode():
+    assert B.parse_archs("8.0 8.6") == ["80", "86"]
+    assert B.parse_archs("86;8.0,sm_80 8.6+PTX") == ["80", "86"]
+    with pytest.raises(DeepinferError):
+        B.parse_archs("eight")
+    flags = B.gencode_flags(["80", "86"], True, ["compute_80:sm_90"])
+    assert flags == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86",
+                     "-gencode=arch=compute_86,code=compute_86",
+                     "-gencode=arch=compute_80,code=sm_90"]
+    with pytest.raises(DeepinferError):
+        B.gencode_flags(["80"], True, ["sm_90"])
+
+
+def test_short_name():
+    assert B.short_name("void deepinfer_sm80::(anonymous namespace)::k<true>(int, float)") \
+        == "void k<true>"
+    assert B.short_name("deepinfer_sm80::gather(deepinfer_sm80::P)") == "gather"
+
+
+def test_build_without_target_explains(tmp_path):
+    with pytest.raises(DeepinferError) as e:
+        B.build(["80"], [])
+    assert "make apply" in (e.value.hint or "")
+
+
+def test_ninja_file_names_objects_by_path(tmp_path):
+    csrc = tmp_path / "csrc"
+    (csrc / "a").mkdir(parents=True)
+    (csrc / "b").mkdir()
+    (csrc / "a" / "k.cu").write_text("")
+    (csrc / "b" / "k.cu").write_text("")
+    (csrc / "b" / "api.cpp").write_text("")
+    tf = B.TorchFlags(["/inc"], ["/lib"], 1, "13.0")
+    lib = B.write_ninja(tmp_path / "bd", ["80", "86"], ["compute_80:sm_90"], csrc=csrc, tf=tf,
+                        nvcc=Path("/usr/local/cuda/bin/nvcc"))
+    text = (tmp_path / "bd" / "build.ninja").read_text()
+    assert "build obj/a__k.cu.o: nvcc" in text and "build obj/b__k.cu.o: nvcc" in text
+    assert "build obj/b__api.cpp.o: cxx" in text
+    assert "code=compute_86" in text and "code=sm_90" in text
+    assert lib.name == "_C.so"
+
+
+@needs_nvcc
+def test_build_check_real_sources_no_spills():
+    kernels = B.build_check(["80", "86"])
+    names = {k.name for k in kernels}
+    for want in ("gather_k_kernel", "insert_k_kernel", "combine_kernel<true>",
+                 "global_topk_kernel<true>"):
+        assert any(want in n for n in names), (want, names)
+    assert not any(k.spills for k in kernels)
+    assert {k.arch for k in kernels} == {"sm_80", "sm_86"}
+
+
+@needs_nvcc
+def test_fp8_codecs_match_cuda_fp8_host_path(tmp_path):
+    exe = tmp_path / "fp8chk"
+    src = ROOT / "tests" / "native" / "fp8_codec_check.cu"
+    res = subprocess.run([str(NVCC), "-std=c++17", "-O2", f"-I{ROOT / 'csrc'}", str(src),
+                          "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    run = subprocess.run([str(exe), "997"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.startswith("OK"), run.stdout + run.stderr
+    assert int(run.stdout.split()[1]) > 4_000_000
