@@ -374,3 +374,14 @@ def test_base_cache_is_used_and_identical(synth):
     assert _apply(synth).state["head"] == head
     ap.clean(build=synth.build)
     assert _apply(synth).state["head"] == head  # the rebuilt entry works
+
+
+def test_manifest_lists_only_committed_overlay_files(synth):
+    git(synth.root, "init", "-q")
+    git(synth.root, "add", "overlay", "csrc")
+    git(synth.root, "commit", "-qm", "overlay")
+    (synth.root / "overlay/vllm/wip.py").write_text("work in progress\n")
+    path = mf.manifest(VERSION, SDIST, root=synth.root)
+    from deepinfer.patchset import read_manifest
+    rows = read_manifest(path).by_path()
+    assert "vllm/sm80_extra.py" in rows and "vllm/wip.py" not in rows

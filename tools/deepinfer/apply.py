@@ -619,9 +619,8 @@ def _base_for(version: str, spec: source.SourceSpec, ps: PatchSet, build: Path,
     build.mkdir(parents=True, exist_ok=True)
     tmp = build / f".vllm-{version}.check-{os.getpid()}"
     stack.callback(source.remove_tree, tmp)
-    source.materialize(spec, ps.pin, tmp)
-    t = GitTree.init(tmp)
-    t.update_ref(BASE_REF, t.commit_all(f"vLLM {version} pristine upstream\n"))
+    source.remove_tree(tmp)
+    t, _, _ = _materialize_base(ps, spec, tmp)
     return t
 
 

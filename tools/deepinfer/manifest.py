@@ -3,11 +3,13 @@
 For every overlay file it records whether the file is new or replaces an upstream file,
 and for a replacement the upstream blob id (at the pinned base) it was written against, so
 a later upstream change to that file is detected (``make apply`` / ``make check`` compare
-it, the drift report shows the upstream delta).
+it, the drift report shows the upstream delta). In a git checkout only committed (tracked)
+overlay files are listed, so work in progress does not leak into it.
 """
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from pathlib import Path
 
 from . import source
@@ -16,6 +18,15 @@ from .console import info
 from .gittree import BASE_REF
 from .patchset import (ManifestEntry, OverlayManifest, load_patchset, overlay_files,
                        project_root, read_manifest, write_manifest)
+
+
+def _tracked_files(root: Path) -> set[str] | None:
+    """Files git tracks under overlay/ and csrc/, or None when root is not a checkout."""
+    r = subprocess.run(["git", "ls-files", "-z", "--", "overlay", "csrc"], cwd=root,
+                       capture_output=True)
+    if r.returncode:
+        return None
+    return {p.decode() for p in r.stdout.split(b"\0") if p}
 
 
 def build_manifest(version: str, spec: source.SourceSpec, root: Path | None = None,
@@ -28,7 +39,10 @@ def build_manifest(version: str, spec: source.SourceSpec, root: Path | None = No
         t = _base_for(version, spec, ps, build, stack)
         blobs = t.ls_tree(t.rev_parse(BASE_REF))
     entries = []
+    tracked = _tracked_files(root)
     for f in overlay_files(root):
+        if tracked is not None and f.rel_source not in tracked:
+            continue  # work in progress: not part of the committed overlay yet
         up = blobs.get(f.tree_path)
         entries.append(ManifestEntry(f.tree_path, f.rel_source, "replace" if up else "new",
                                      up or ""))
