@@ -29,15 +29,19 @@ step() {  # step NAME LOG CMD...: run, tee to $OUT/LOG, remember failure
   [ $r -eq 0 ] || rc=1
 }
 has_target() { make -n "$1" >/dev/null 2>&1; }
+# SM80/SM86 code (PTX of compute_80 JIT-compiled to sm_90 SASS here), into overlay/
 if [ "$MODE" = full ] && has_target build; then
-  step build build.log make build ARCHS="8.0 8.6"
+  step build build.log make build ARCHS="8.0 8.6" BUILD_DIR=overlay EXTRA_GENCODE=compute_80:sm_90
 fi
-TESTS=(tests/gpu/test_triton_portable.py)
-if [ "$MODE" = full ] && has_target gpu-test; then
-  step gpu-test tests.log make gpu-test
-else
-  step gpu-test tests.log .venv/bin/python -m pytest -q -rs "${TESTS[@]}"
+# GPU tests: GPU_TESTS (space-separated pytest paths/ids) or, by default, the portable
+# gather's; full mode also runs every tests/gpu/test_{cache,index}*.py present
+TESTS=(${GPU_TESTS:-tests/gpu/test_triton_portable.py})
+if [ "$MODE" = full ] && [ -z "${GPU_TESTS:-}" ]; then
+  for f in tests/gpu/test_cache*.py tests/gpu/test_index*.py tests/gpu/test_ops*.py; do
+    [ -f "$f" ] && TESTS+=("$f")
+  done
 fi
+step gpu-test tests.log .venv/bin/python -m pytest -q -rs "${TESTS[@]}"
 if [ "$MODE" = full ]; then
   step bench bench.log make bench
 else
