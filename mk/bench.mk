@@ -1,18 +1,21 @@
 # GPU benchmarks and the offline GPU bundle (docs/benchmarks.md, tools/deepinfer/bundle.py).
-#   make bench [BENCH_ARGS='--quick']   every bench/bench_*.py: CUDA-graph medians vs upstream
+#   make bench [BENCH=cache] [BENCH_ARGS='--quick']
+#                                       every bench/bench_*.py (or bench_$(BENCH).py): CUDA-graph medians vs upstream
 #                                       and portable baselines, measured copy bandwidth;
 #                                       writes bench/results/*.json and docs/benchmarks.md
 #   make gpu-bundle [TREE=DIR]          dist/deepinfer-gpu-bundle.tar.gz for an offline GPU box
 #                                       (TREE: vLLM tree, default the applied build/vllm-$(VLLM))
+BENCH      ?= *
 BENCH_ARGS ?=
 TREE       ?= build/vllm-$(VLLM)
 
 .PHONY: bench gpu-bundle
 
 bench: $(STAMP_TORCH)
-	@rc=0; for f in bench/bench_*.py; do \
+	@rc=0; for f in bench/bench_$(BENCH).py; do \
+		[ -f "$$f" ] || { echo "no $$f" >&2; rc=1; continue; }; \
 		echo "== $$f"; \
-		DEEPINFER_BENCH_COMMAND="make bench$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" \
+		DEEPINFER_BENCH_COMMAND="make bench$(if $(filter-out *,$(BENCH)), BENCH=$(BENCH))$(if $(BENCH_ARGS), BENCH_ARGS='$(BENCH_ARGS)')" \
 			$(PY) $$f $(BENCH_ARGS) || rc=1; \
 	done; exit $$rc
 
