@@ -239,16 +239,24 @@ def merge_file(ours: list[str], base: list[str], theirs: list[str]) -> tuple[lis
 
 
 def first_conflict(merged: list[str]) -> tuple[int, list[str]]:
-    """(1-based line, upstream side) of the first conflict block of a diff3 merge."""
-    start = None
+    """(1-based line, upstream side) of the first conflict block of a diff3 merge.  When
+    upstream's side is empty (it removed those lines) the lines just around the block are
+    returned instead, marked as such."""
+    start = end = None
     ours: list[str] = []
     for idx, line in enumerate(merged):
         if start is None and line.startswith("<<<<<<< upstream"):
             start = idx
-        elif start is not None and line.startswith(("||||||| ", "=======")):
-            break
-        elif start is not None:
+        elif start is not None and end is None and line.startswith(("||||||| ", "=======")):
+            end = idx
+        elif start is not None and end is None:
             ours.append(line)
+        elif end is not None and line.startswith(">>>>>>> patch"):
+            if not ours:
+                ours = (["(nothing: upstream no longer has the lines this hunk changes; "
+                         "around that place it has:)\n"] + merged[max(0, start - 3):start]
+                        + ["(...)\n"] + merged[idx + 1:idx + 4])
+            break
     return (start + 1 if start is not None else 0), ours
 
 
