@@ -385,3 +385,17 @@ def test_manifest_lists_only_committed_overlay_files(synth):
     from deepinfer.patchset import read_manifest
     rows = read_manifest(path).by_path()
     assert "vllm/sm80_extra.py" in rows and "vllm/wip.py" not in rows
+
+
+def test_patch_touching_generated_file_is_rejected(synth):
+    f = synth.files
+    bad = make_patch(f, {"vllm/_version.py": f["vllm/_version.py"] + "x = 1\n"},
+                     "Edit the generated version file")
+    bad2 = make_patch(f, {"vllm.egg-info/PKG-INFO": "Name: vllm\nVersion: 9\n"}, "Edit PKG-INFO")
+    synth.add_patches([("gen.patch", bad), ("pkg.patch", bad2)] + synth.standard_series())
+    with pytest.raises(DeepinferError) as ei:
+        ap.check(VERSION, SDIST, root=synth.root)
+    text = str(ei.value)
+    assert "2 of 5 patches do not apply" in text
+    assert "vllm/_version.py" in text and "vllm.egg-info/PKG-INFO" in text
+    assert "generated files" in text and "fix: edit" in text

@@ -184,6 +184,24 @@ def scratch_index(tree: GitTree, rev: str):
         Path(str(idx) + ".lock").unlink(missing_ok=True)
 
 
+def is_generated(path: str, package: str = "vllm") -> bool:
+    """Files the sdist build generates (committed in the base, never patched)."""
+    parts = path.split("/")
+    return (any(p.endswith(".egg-info") for p in parts[:-1]) or parts[-1] == "PKG-INFO"
+            or path == f"{package}/_version.py")
+
+
+def patch_paths(data: bytes) -> list[str]:
+    """Paths a patch touches (old and new names), from its ``diff --git`` headers."""
+    paths = []
+    for m in re.finditer(rb"^diff --git a/(\S+) b/(\S+)$", data, re.M):
+        for p in (m.group(1), m.group(2)):
+            s = p.decode("utf-8", errors="replace")
+            if s not in paths:
+                paths.append(s)
+    return paths
+
+
 def check_series_in_index(tree: GitTree, index: Path, ps: PatchSet) -> list[PatchCheck]:
     """Apply the series to a scratch index; a failing patch is skipped, the rest go on.
 
@@ -193,6 +211,12 @@ def check_series_in_index(tree: GitTree, index: Path, ps: PatchSet) -> list[Patc
     results = []
     for path in ps.patch_paths:
         data = path.read_bytes()
+        generated = [p for p in patch_paths(data) if is_generated(p, ps.pin.package)]
+        if generated:
+            results.append(PatchCheck(path.name, "failed", PatchFailure(
+                "changes generated files, which are never patched (they come from the "
+                "sdist build)", ", ".join(generated))))
+            continue
         ok, err = tree.apply_check(data, index, apply=True)
         if ok:
             results.append(PatchCheck(path.name, "clean"))
@@ -225,10 +249,13 @@ def expected_tree(tree: GitTree, base: str, ps: PatchSet,
 def failures_error(checks: list[PatchCheck], ps: PatchSet) -> DeepinferError:
     failed = [c for c in checks if c.status == "failed"]
     details = []
+    pdir = _rel(ps.directory)
     for c in failed:
         details.append(f"  {c.name}")
         details += c.failure.render() if c.failure else []
-    pdir = _rel(ps.directory)
+        where = f" ({c.failure.file})" if c.failure and c.failure.file else ""
+        details.append(f"    fix: edit {pdir}/{c.name}{where} to match, or remove it from "
+                       f"{pdir}/series and redo it in the tree (see hint)")
     return DeepinferError(
         f"{len(failed)} of {len(checks)} patches do not apply to vLLM {ps.pin.version}; "
         "nothing was changed", details=details,
