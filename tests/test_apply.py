@@ -185,9 +185,9 @@ def test_dirty_tree_refused_then_forced_with_backup(synth):
     assert not st.clean and any("beta.py" in d for d in st.dirty)
     res = _apply(synth, force=True)
     assert res.changed and ap.status(VERSION, SDIST, root=synth.root).clean
-    backups = list(synth.build.glob(f"vllm-{VERSION}.force-backup-*.diff"))
-    assert len(backups) == 1
-    diff = backups[0].read_text()
+    backups = list(synth.build.glob(f"vllm-{VERSION}.force-backup-*"))
+    assert len(backups) == 1 and any("saved to" in w for w in res.warnings)
+    diff = (backups[0] / "uncommitted.diff").read_text()
     assert "+user edit" in diff and "+mine" in diff
 
 
@@ -198,6 +198,12 @@ def test_unexported_commit_refused(synth):
     with pytest.raises(DeepinferError) as ei:
         _apply(synth, force=False)
     assert "User change" in str(ei.value) and "make export" in ei.value.hint
+    res = _apply(synth, force=True)  # rebuilt; the commit is saved as a patch first
+    assert res.changed and (synth.tree / "vllm/gamma.py").read_text() != "committed by user\n"
+    saved = list(synth.build.glob(f"vllm-{VERSION}.force-backup-*/*.patch"))
+    assert len(saved) == 4  # three series patches + the user's commit
+    user = [p for p in saved if "user-change" in p.name]
+    assert len(user) == 1 and "+committed by user" in user[0].read_text()
 
 
 @pytest.mark.parametrize("stage", ["source", "base", "patch", "swap"])

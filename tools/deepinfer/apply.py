@@ -359,20 +359,37 @@ def refuse_error(tree_path: Path, probs: TreeProblems) -> DeepinferError:
     return DeepinferError(
         f"{_rel(tree_path)} has changes that re-applying would discard", details=details,
         hint="commit them and run `make export` to keep them as patches, or re-run with "
-             "FORCE=1 to rebuild anyway (a backup of uncommitted changes is written next to "
-             "the tree)")
+             "FORCE=1 to rebuild anyway (your changes are saved to build/vllm-<ver>."
+             "force-backup-<time>/ first)")
 
 
-def _backup_uncommitted(tree: GitTree, target: Path) -> Path | None:
-    """Save uncommitted changes (untracked files included) as a binary diff."""
-    with scratch_index(tree, "HEAD") as idx:
-        tree.run("add", "-A", ".", env={"GIT_INDEX_FILE": str(idx)})
-        diff = tree.diff_binary("HEAD", idx)
-    if not diff.strip():
-        return None
-    out = target.parent / f"{target.name}.force-backup-{time.strftime('%Y%m%d-%H%M%S')}.diff"
-    out.write_bytes(diff)
-    return out
+def _backup(tree: GitTree, target: Path, state: dict, probs: TreeProblems) -> Path | None:
+    """Save what a forced rebuild would discard into ``<target>.force-backup-<time>/``:
+    ``uncommitted.diff`` (untracked files included) and one mbox per commit between the
+    base and HEAD except the overlay commit (the series' commits and the user's)."""
+    out = target.parent / f"{target.name}.force-backup-{time.strftime('%Y%m%d-%H%M%S')}"
+    saved = False
+    if probs.dirty:
+        with scratch_index(tree, "HEAD") as idx:
+            tree.run("add", "-A", ".", env={"GIT_INDEX_FILE": str(idx)})
+            diff = tree.diff_binary("HEAD", idx)
+        if diff.strip():
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "uncommitted.diff").write_bytes(diff)
+            saved = True
+    if probs.unexported:
+        try:
+            commits = tree.commits(f"{state.get('base')}..HEAD")
+        except DeepinferError:
+            commits = []
+        for i, c in enumerate(commits, 1):
+            if re.search(rf"^{OVERLAY_TRAILER}: ", c.message, re.M):
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            stem = re.sub(r"[^A-Za-z0-9]+", "-", c.subject).strip("-").lower()[:50]
+            (out / f"{i:04d}-{stem}.patch").write_bytes(tree.format_patch(c.sha))
+            saved = True
+    return out if saved else None
 
 
 # --------------------------------------------------------------------------- apply
@@ -479,12 +496,11 @@ def apply(version: str, spec: source.SourceSpec, force: bool = False,
                          "last apply); nothing to do")
                     return ApplyResult(target, False, state=state,
                                        seconds=time.monotonic() - t0)
-                if probs.dirty and force:
-                    backup = _backup_uncommitted(gt, target)
+                if probs and force:
+                    backup = _backup(gt, target, state, probs)
         result = _build(ps, overlay, spec, fingerprint, target, build)
         if backup:
-            result.warnings.append(f"uncommitted changes of the old tree saved to "
-                                   f"{_rel(backup)}")
+            result.warnings.append(f"changes of the old tree saved to {_rel(backup)}/")
     _set_symlink(build, version)
     result.seconds = time.monotonic() - t0
     return result
