@@ -143,6 +143,11 @@ class DeepseekV4AmpereIndexerCache(DeepseekV4IndexerCache):
 
 
 class DeepseekV4AmpereIndexer(DeepseekV4Indexer):
+    def _get_compressor_cls(self):
+        from vllm.models.deepseek_v4.nvidia.ampere_ops import AmpereCompressor
+
+        return AmpereCompressor
+
     def _get_cache_cls(self):
         return DeepseekV4AmpereIndexerCache
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SM80/SM86 output projection for DeepSeek-V4 attention.
+"""SM80/SM86 output projection and compressor store for DeepSeek-V4 attention.
 
 Upstream's CUDA ``_o_proj`` (nvidia/ops/o_proj.py) needs DeepGEMM's
 ``fp8_einsum`` (SM90+), and its ``bmm`` fallback reads ``wo_a.weight`` after
@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 
 from deepinfer_sm80.ampere.o_proj import dequant_weight, group_wo_a, o_proj_sm80
+from deepinfer_sm80.triton_writers import compress_norm_rope_store_sm80
 from vllm.model_executor.utils import replace_parameter
+from vllm.models.deepseek_v4.compressor import DeepseekCompressor
 
 
 def _weight_scale(layer: torch.nn.Module) -> torch.Tensor | None:
@@ -81,4 +83,44 @@ class AmpereOProjMixin:
             self._grouped_wo_a(),
             self.wo_b,
             nope_dim=self.nope_head_dim,
+        )
+
+
+class AmpereCompressor(DeepseekCompressor):
+    """``DeepseekCompressor`` whose store step writes with the SM80 Triton
+    writers (software e4m3): the 584-byte ``fp8_ds_mla`` record for head 512
+    (C4 and C128, UE8M0 exactly as the CuTe DSL writer) and the 132-byte FP8
+    indexer page for head 128.  Upstream's CuTe DSL writer and Triton
+    writers both need SM89+ FP8 conversion."""
+
+    def _compress_norm_rope_store(self, state_metadata, state_cache, state_width, positions,
+                                  rotary_emb, attn_metadata, pdl_kwargs) -> None:
+        k_cache_metadata = attn_metadata[self.k_cache_prefix]
+        kv_cache = self._static_forward_context[self.k_cache_prefix].kv_cache
+        if self.use_fp4_cache or kv_cache.dtype != torch.uint8:
+            raise ValueError(
+                "DeepSeek-V4 on SM80 stores the fp8_ds_mla / FP8 indexer layouts only "
+                f"(got cache dtype {kv_cache.dtype}, fp4={self.use_fp4_cache}); use "
+                "--kv-cache-dtype fp8")
+        compress_norm_rope_store_sm80(
+            state_cache=state_cache,
+            num_actual=state_metadata.slot_mapping.shape[0],
+            token_to_req_indices=state_metadata.token_to_req_indices,
+            positions=positions,
+            slot_mapping=state_metadata.slot_mapping,
+            block_table=state_metadata.block_table,
+            block_size=state_metadata.block_size,
+            state_width=state_width,
+            cos_sin_cache=rotary_emb.cos_sin_cache,
+            kv_cache=kv_cache,
+            k_cache_metadata=k_cache_metadata,
+            head_dim=self.head_dim,
+            rope_head_dim=self.rope_head_dim,
+            compress_ratio=self.compress_ratio,
+            overlap=self.overlap,
+            rms_norm_weight=self.norm.weight,
+            rms_norm_eps=self.rms_norm_eps,
+            quant_block=self._quant_block,
+            token_stride=self._token_stride,
+            scale_dim=self._scale_dim,
         )

@@ -12,6 +12,7 @@ Same skeleton as ``DeepseekV4FlashMLAAttention`` with FlashMLA replaced:
   qnorm/RoPE/KV-insert op is instantiated for (8/16/32/64/128), so TP8's 8
   local heads are not padded to 64;
 * output projection without DeepGEMM (``AmpereOProjMixin``);
+* compressor store through the SM80 Triton FP8 writers (``AmpereCompressor``);
 * indexer without DeepGEMM (``DeepseekV4AmpereIndexer``).
 """
 
@@ -26,7 +27,7 @@ from deepinfer_sm80.ampere import layer as ampere_layer
 from vllm.forward_context import get_forward_context
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention
 from vllm.models.deepseek_v4.nvidia.ampere_indexer import DeepseekV4AmpereIndexer
-from vllm.models.deepseek_v4.nvidia.ampere_ops import AmpereOProjMixin
+from vllm.models.deepseek_v4.nvidia.ampere_ops import AmpereCompressor, AmpereOProjMixin
 from vllm.models.deepseek_v4.sparse_mla import (
     DeepseekV4FlashMLABackend,
     DeepseekV4FlashMLAMetadata,
@@ -105,6 +106,10 @@ class DeepseekV4AmpereSparseAttention(AmpereOProjMixin, DeepseekV4Attention):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.compressor is not None:
+            # The base class builds the main compressor directly (no hook):
+            # give it the SM80 store step.
+            self.compressor.__class__ = AmpereCompressor
         self._ampere_ops = ampere_layer.resolve_ops("cuda")
         self._init_ampere_o_proj()
 

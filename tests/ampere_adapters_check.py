@@ -1,0 +1,135 @@
+"""Checks of the vLLM-facing Ampere adapters against a vLLM source tree (run
+in a subprocess by tests/test_ampere_adapters.py, with the tree first on
+sys.path and TRITON_INTERPRET=1).  The overlay modules are loaded from
+overlay/vllm/... under their vLLM module names.  Prints one JSON line."""
+
+import importlib.util
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(1, os.path.join(ROOT, "overlay"))
+sys.path.insert(1, HERE)
+
+import torch  # noqa: E402
+
+NV = "vllm.models.deepseek_v4.nvidia"
+
+
+def load_overlay(name):
+    mod_name = f"{NV}.{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    path = os.path.join(ROOT, "overlay", "vllm", "models", "deepseek_v4", "nvidia", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    res = {}
+    import vllm.models.deepseek_v4.nvidia as nv_pkg  # noqa: F401  (the tree's package)
+
+    load_overlay("ampere_ops")
+    load_overlay("ampere_indexer")
+    sp = load_overlay("ampere_sparse")
+    ops = sys.modules[f"{NV}.ampere_ops"]
+    A = sp.DeepseekV4AmpereSparseAttention
+
+    res["padded_heads"] = {n: A.get_padded_num_q_heads(n) for n in (1, 8, 9, 16, 33, 64, 65, 128)}
+    try:
+        A.get_padded_num_q_heads(129)
+        res["padded_129_raises"] = False
+    except ValueError:
+        res["padded_129_raises"] = True
+
+    from vllm.platforms.interface import DeviceCapability
+
+    be = sp.DeepseekV4AmpereSparseMLABackend
+    res["backend_caps"] = {f"{m}.{n}": be.supports_compute_capability(DeviceCapability(m, n))
+                           for m, n in ((8, 0), (8, 6), (9, 0), (10, 0), (12, 0))}
+    res["swa_builder"] = sp.DeepseekSparseSWAAmpereBackend.get_builder_cls().__name__
+    b = object.__new__(sp.DeepseekSparseSWAAmpereMetadataBuilder)
+    sched = b.build_tile_scheduler(7)
+    res["tile_scheduler_all_none"] = bool(sched) and all(v is None for v in sched.values())
+    res["tile_scheduler_keys"] = sorted(sched)
+    res["indexer_cls"] = A._get_indexer_cls(None, None).__name__
+
+    # o_proj: wo_a captured (dequantised) before a "repack" that destroys it.
+    g = torch.Generator().manual_seed(0)
+    G, R, hpg, D = 2, 256, 2, 512
+    w_full = torch.randn(G * R, hpg * D, generator=g) * 0.05
+    blocks = w_full.view(G * R // 128, 128, hpg * D // 128, 128)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+    wq = (blocks / scale[:, None, :, None]).view(G * R, hpg * D).to(torch.float8_e4m3fn)
+    wo_a = torch.nn.Module()
+    wo_a.weight = torch.nn.Parameter(wq, requires_grad=False)
+    wo_a.weight_scale_inv = torch.nn.Parameter(scale, requires_grad=False)
+    wo_a.weight_block_size = [128, 128]
+
+    class Repacking:
+        def process_weights_after_loading(self, layer):
+            layer.weight = torch.nn.Parameter(
+                torch.randint(-2**30, 2**30, (G * R // 2, hpg * D // 4), dtype=torch.int32),
+                requires_grad=False)
+
+    wo_a.quant_method = Repacking()
+    class FakeLayer(ops.AmpereOProjMixin):
+        pass
+
+    layer = FakeLayer()
+    layer.wo_a, layer.n_local_groups, layer.o_lora_rank, layer.nope_head_dim = wo_a, G, R, 448
+    layer.rotary_emb = SimpleNamespace(cos_sin_cache=torch.randn(1000, 64, generator=g))
+    wo_b = (torch.randn(128, G * R, generator=g) * 0.05).to(torch.bfloat16)
+    layer.wo_b = lambda z: z @ wo_b.t()
+    layer._init_ampere_o_proj()
+    wo_a.quant_method.process_weights_after_loading(wo_a)
+    want = (wq.float().view_as(blocks) * scale[:, None, :, None]).view(G, R, hpg * D)
+    res["wo_a_captured_exact"] = bool(torch.equal(layer._wo_a_grouped.float(),
+                                                  want.to(torch.bfloat16).float()))
+    res["repacked_weight_freed"] = wo_a.weight.numel() == 0
+    o = torch.randn(5, G * hpg, D, generator=g).to(torch.bfloat16)
+    pos = torch.randint(0, 1000, (5,), generator=g)
+    out = layer._o_proj(o, pos)
+    from deepinfer_sm80.ampere.o_proj import o_proj_reference64
+
+    ref = o_proj_reference64(o, pos, layer.rotary_emb.cos_sin_cache, layer._wo_a_grouped, wo_b)
+    res["o_proj_rel_err"] = float((out.double() - ref).norm() / ref.norm())
+
+    # Compressor store through the SM80 writer (Triton interpreter on CPU).
+    from deepinfer_sm80.reference import writers as R_
+    from writer_cases import compare_fp8_bytes, make_compressor_case
+
+    for ratio in (4, 128):
+        case = make_compressor_case(ratio, 512, [3, 40, 300] if ratio == 4 else [256, 130],
+                                    seed=ratio)
+        a = case.args
+        want_bytes, _ = R_.compressor_store_ref(**a)
+        comp = object.__new__(ops.AmpereCompressor)
+        torch.nn.Module.__init__(comp)
+        comp.k_cache_prefix = "layer.attn"
+        comp._static_forward_context = {"layer.attn": SimpleNamespace(kv_cache=a["kv_cache"])}
+        comp.use_fp4_cache = False
+        comp.head_dim, comp.rope_head_dim = 512, 64
+        comp.compress_ratio, comp.overlap = ratio, ratio == 4
+        comp.norm = SimpleNamespace(weight=a["rms_norm_weight"])
+        comp.rms_norm_eps = a["rms_norm_eps"]
+        comp._quant_block, comp._token_stride, comp._scale_dim = 64, 576, 8
+        smd = SimpleNamespace(slot_mapping=a["slot_mapping"],
+                              token_to_req_indices=a["token_to_req_indices"],
+                              block_table=a["block_table"], block_size=a["block_size"])
+        comp._compress_norm_rope_store(
+            smd, a["state_cache"], case.state_width, a["positions"],
+            SimpleNamespace(cos_sin_cache=a["cos_sin_cache"]),
+            {"layer.attn": SimpleNamespace(slot_mapping=a["kv_slot_mapping"])}, {})
+        res[f"compressor_c{ratio}"] = compare_fp8_bytes(case.raw, want_bytes, case)
+    print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
