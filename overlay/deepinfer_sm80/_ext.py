@@ -3,7 +3,7 @@
 The library registers its ops under ``torch.ops.deepinfer_sm80`` when loaded. It is
 looked up, in order, at
 
-1. ``$DEEPINFER_SM80_EXT`` (path to a ``.so``), if set;
+1. ``$DEEPINFER_SM80_EXT`` (or ``$DEEPINFER_SM80_LIB``; path to a ``.so``), if set;
 2. ``_C*.so`` next to this file (where ``make build`` puts it).
 
 Importing this module loads the library once, or raises ImportError saying how to build
@@ -21,7 +21,7 @@ _loaded: Path | None = None
 
 
 def _candidates() -> list[Path]:
-    env = os.environ.get("DEEPINFER_SM80_EXT")
+    env = os.environ.get("DEEPINFER_SM80_EXT") or os.environ.get("DEEPINFER_SM80_LIB")
     if env:
         return [Path(env)]
     here = Path(__file__).resolve().parent
@@ -35,7 +35,8 @@ def load() -> Path:
         return _loaded
     cands = [p for p in _candidates() if p.is_file()]
     if not cands:
-        where = os.environ.get("DEEPINFER_SM80_EXT") or str(Path(__file__).resolve().parent)
+        where = (os.environ.get("DEEPINFER_SM80_EXT") or os.environ.get("DEEPINFER_SM80_LIB")
+                 or str(Path(__file__).resolve().parent))
         raise ImportError(
             f"deepinfer_sm80._C is not built (looked in {where}). Build it on a machine "
             "with CUDA and a CUDA build of torch: `make build ARCHS=\"8.0 8.6\"` "

@@ -105,10 +105,12 @@ def parse_archs(spec: str | list[str]) -> list[str]:
     return sorted(out, key=int)
 
 
-def gencode_flags(archs: list[str], ptx: bool = True, extra: list[str] = ()) -> list[str]:
+def gencode_flags(archs: list[str], ptx: bool = True, extra: list[str] = (),
+                  sass: bool = True) -> list[str]:
     """SASS for each arch, PTX of the highest (forward compatibility), and extra pairs
-    'compute_XX:sm_YY' (e.g. 'compute_80:sm_90' runs the SM80 code path on an H100/H200)."""
-    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    'compute_XX:sm_YY' (e.g. 'compute_80:sm_90' runs the SM80 code path on an H100/H200).
+    sass=False, ptx=False leaves only the extra pairs (a quick build for one test GPU)."""
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs] if sass else []
     if ptx:
         top = archs[-1]
         flags.append(f"-gencode=arch=compute_{top},code=compute_{top}")
@@ -174,7 +176,7 @@ def _q(args: list[str]) -> str:
 
 def write_ninja(build_dir: Path, archs: list[str], extra_gencode: list[str],
                 csrc: Path = CSRC, tf: TorchFlags | None = None,
-                nvcc: Path | None = None) -> Path:
+                nvcc: Path | None = None, only_extra: bool = False) -> Path:
     """Write build_dir/build.ninja; returns the path of the library it builds."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
@@ -188,7 +190,8 @@ def write_ninja(build_dir: Path, archs: list[str], extra_gencode: list[str],
     cxx = os.environ.get("CXX", "c++")
     common = ["-O3", f"-std={CUDA_STD}", f"-I{csrc}"]
     nvcc_flags = common + ["-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                           *gencode_flags(archs, True, extra_gencode)]
+                           *gencode_flags(archs, not only_extra, extra_gencode,
+                                          sass=not only_extra)]
     py_inc = sysconfig.get_paths().get("include")
     cxx_flags = common + ["-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={tf.cxx11_abi}",
                           "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
@@ -247,7 +250,7 @@ def default_targets(vllm: str | None = None) -> list[Path]:
 
 def build(archs: list[str], targets: list[Path], build_dir: Path | None = None,
           extra_gencode: list[str] = (), jobs: int | None = None,
-          verbose: bool = False) -> list[Path]:
+          verbose: bool = False, only_extra: bool = False) -> list[Path]:
     """Compile the extension and copy it to <target>/deepinfer_sm80/_C.so for each target.
     Returns the installed paths."""
     if not targets:
@@ -256,7 +259,9 @@ def build(archs: list[str], targets: list[Path], build_dir: Path | None = None,
             hint="run `make apply` first, or pass BUILD_DIR=overlay (in-repo) or a directory "
                  "that holds the deepinfer_sm80 package")
     build_dir = build_dir or (ROOT / "build" / "ext" / ("sm" + "_".join(archs)))
-    lib = write_ninja(build_dir, archs, list(extra_gencode))
+    if only_extra and not extra_gencode:
+        raise DeepinferError("--only-extra needs --extra-gencode (e.g. compute_80:sm_90)")
+    lib = write_ninja(build_dir, archs, list(extra_gencode), only_extra=only_extra)
     ninja = shutil.which("ninja")
     if ninja is None:
         raise DeepinferError("ninja not found", hint="pip install ninja")
@@ -266,8 +271,10 @@ def build(archs: list[str], targets: list[Path], build_dir: Path | None = None,
         cmd += ["-j", str(jobs)]
     if verbose:
         cmd.append("-v")
-    info(f"building {PACKAGE}._C for sm_{', sm_'.join(archs)} (+PTX compute_{archs[-1]}"
-         + (f", {', '.join(extra_gencode)}" if extra_gencode else "") + f") in {build_dir}")
+    what = (", ".join(extra_gencode) if only_extra else
+            f"sm_{', sm_'.join(archs)} (+PTX compute_{archs[-1]}"
+            + (f", {', '.join(extra_gencode)}" if extra_gencode else "") + ")")
+    info(f"building {PACKAGE}._C for {what} in {build_dir}")
     res = subprocess.run(cmd)
     if res.returncode != 0:
         raise DeepinferError("extension build failed (compiler output above)",
@@ -470,6 +477,8 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra-gencode", default=os.environ.get("EXTRA_GENCODE", ""),
                    help="extra 'compute_XX:sm_YY' pairs, e.g. compute_80:sm_90 (env "
                         "EXTRA_GENCODE)")
+    p.add_argument("--only-extra", action="store_true",
+                   help="compile only the --extra-gencode targets (quick build for one GPU)")
     p.add_argument("--build-dir", default=None, help="object directory (default build/ext/)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -488,7 +497,8 @@ def cmd_build(args) -> int:
         targets = default_targets(getattr(args, "vllm", None))
     extra = args.extra_gencode.replace(",", " ").split()
     build(parse_archs(args.archs), targets,
-          Path(args.build_dir) if args.build_dir else None, extra, args.jobs, args.verbose)
+          Path(args.build_dir) if args.build_dir else None, extra, args.jobs, args.verbose,
+          args.only_extra)
     return 0
 
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call for the cache/index kernels (issue 4): build the whole extension
+# (csrc/**; SM80 code from compute_80 PTX -> sm_90 SASS, so nothing newer than SM80 can
+# slip in), run the GPU tests of the cache/index kernels and the FP8 codecs, then the
+# gather/combine benchmark (bench/bench_cache.py: ours, the portable Triton gather, and
+# upstream when a vLLM tree is available).
+#
+#   scripts/device/kernels.sh [all|test|bench|build] [pytest -k expression]
+#
+# Outputs under $OUT: build.log (ptxas report included), test.log, bench.log, bench JSON.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/kernels-out}
+mkdir -p "$OUT"
+MODE=${1:-all}
+KEXPR=${2:-}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv || true
+date -u
+python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
+
+t0=$(date +%s)
+PYTHONPATH=tools python3 -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+  --only-extra --target overlay --build-dir /tmp/deepinfer_kbuild -j "$(nproc)" -v >"$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc in $(( $(date +%s) - t0 )) s"
+[ $rc -eq 0 ] || { grep -E "error|Error" "$OUT/build.log" | head -30; tail -30 "$OUT/build.log"; exit $rc; }
+export DEEPINFER_SM80_EXT=$PWD/overlay/deepinfer_sm80/_C.so
+python3 -c 'import sys; sys.path.insert(0, "overlay"); from deepinfer_sm80 import _ext; import torch; print("ops ok, device_info", torch.ops.deepinfer_sm80.device_info())'
+[ "$MODE" = build ] && exit 0
+
+if [ "$MODE" = all ] || [ "$MODE" = test ]; then
+  t0=$(date +%s)
+  python3 -m pytest -q -rs -p no:cacheprovider ${KEXPR:+-k "$KEXPR"} \
+    tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py >"$OUT/test.log" 2>&1
+  echo "tests rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(E  |FAILED|ERROR|SKIPPED)|passed|failed|seed" "$OUT/test.log" | head -40
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+  t0=$(date +%s)
+  python3 bench/bench_cache.py --no-doc ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
+  cp bench/results/bench_cache_*.json "$OUT/" 2>/dev/null || true
+  grep -vE "^\s+File|^Traceback|^\s+\^" "$OUT/bench.log" | tail -40
+fi

@@ -1,0 +1,167 @@
+"""GPU tests of the index kernels, bit-exact against deepinfer_sm80.reference.index on
+fresh random inputs (outputs poisoned first; combine's -1 fill is the kernel's own)."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from deepinfer_sm80.ops import index as OI  # noqa: E402
+from deepinfer_sm80.reference import index as RI  # noqa: E402
+
+DEV = "cuda"
+
+
+def _gen():
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def _i32(*shape, lo, hi, g):
+    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int32)
+
+
+# ------------------------------------------------------------- global top-k indices
+@pytest.mark.parametrize("T,K,bs", [(1, 512, 64), (1001, 512, 64), (333, 130, 2), (77, 2048, 1)])
+def test_global_topk_bit_exact(ext, T, K, bs):
+    g = _gen()
+    R, maxb = 5, 300
+    wide = _i32(R, 2 * maxb, lo=0, hi=2**20, g=g)
+    table = wide[:, ::2]  # non-contiguous block table
+    topk = _i32(T, K, lo=-1, hi=maxb * bs, g=g)
+    topk[torch.rand(T, K, generator=g) < 0.2] = -1
+    topk[0, :] = -1 if T > 1 else topk[0, :]
+    req = _i32(T, lo=0, hi=R, g=g)
+    valid = torch.rand(T, generator=g) < 0.8
+    want_idx, want_lens = RI.compute_global_topk_indices_and_lens(topk, req, table, bs, valid)
+    got_idx, got_lens = OI.compute_global_topk_indices_and_lens(
+        topk.to(DEV), req.to(DEV), table.to(DEV), bs, valid.to(DEV))
+    assert torch.equal(got_idx.cpu(), want_idx)
+    assert torch.equal(got_lens.cpu(), want_lens)
+
+
+def test_global_topk_wrap_guards_and_strided_input(ext):
+    g = _gen()
+    T, K, bs = 50, 64, 256
+    table = torch.full((2, 4), 2**24, dtype=torch.int32)  # 2^24 * 256 wraps int32
+    table[1] = _i32(4, lo=0, hi=100, g=g)
+    src = _i32(T, 2 * K, lo=-1, hi=6 * bs, g=g)  # some columns beyond the table (>= 4 * bs)
+    topk = src[:, ::2]  # strided last dim: the wrapper makes it contiguous
+    req = _i32(T, lo=-1, hi=3, g=g)  # -1 and 2 are out of range
+    valid = torch.ones(T, dtype=torch.bool)
+    want = RI.compute_global_topk_indices_and_lens(topk, req, table, bs, valid)
+    got = OI.compute_global_topk_indices_and_lens(topk.to(DEV), req.to(DEV), table.to(DEV), bs,
+                                                  valid.to(DEV))
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+def test_global_topk_empty(ext):
+    e = torch.empty(0, 512, dtype=torch.int32, device=DEV)
+    idx, lens = OI.compute_global_topk_indices_and_lens(
+        e, torch.empty(0, dtype=torch.int32, device=DEV),
+        torch.zeros(1, 4, dtype=torch.int32, device=DEV), 64,
+        torch.empty(0, dtype=torch.bool, device=DEV))
+    assert idx.shape == (0, 512) and lens.shape == (0,)
+
+
+# ------------------------------------------------------------- combine top-k + SWA
+def _requests(T_used, R, g, min_prefix=0):
+    cuts = torch.sort(torch.randperm(T_used - 1, generator=g)[: R - 1] + 1).values
+    bounds = torch.cat([torch.tensor([0]), cuts, torch.tensor([T_used])])
+    qlen = bounds[1:] - bounds[:-1]
+    prefix = torch.randint(min_prefix, 5000, (R,), generator=g)
+    seq = (qlen + prefix).to(torch.int32)
+    # SWA gather: qlen + min(prefix, W - 1) like sparse_swa.py; clamp to seq
+    return bounds.to(torch.int32), seq, qlen
+
+
+def _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, M, N, left=None, right=None,
+                   img=0, use_out=True, g=None, width=None):
+    T = topk.size(0)
+    if use_out:
+        w = width or RI.combined_width(top_k, W, img)
+        poison = torch.randint(-2**31, 2**31 - 1, (T, w), generator=g, dtype=torch.int64).to(torch.int32)
+        lens_p = torch.randint(-2**31, 2**31 - 1, (T,), generator=g, dtype=torch.int64).to(torch.int32)
+        want = RI.combine_topk_swa_indices(topk, qsl, seq, gat, W, ratio, top_k, M, N,
+                                           out=(poison.clone(), lens_p.clone()),
+                                           left_visible=left, right_visible=right,
+                                           max_image_tokens=img)
+        out = (poison.to(DEV), lens_p.to(DEV))
+    else:
+        want = RI.combine_topk_swa_indices(topk, qsl, seq, gat, W, ratio, top_k, M, N,
+                                           left_visible=left, right_visible=right,
+                                           max_image_tokens=img)
+        out = None
+    d = (lambda t: None if t is None else t.to(DEV))
+    got = OI.combine_topk_swa_indices(d(topk), d(qsl), d(seq), d(gat), W, ratio, top_k, M, N,
+                                      out=out, left_visible=d(left), right_visible=d(right),
+                                      max_image_tokens=img)
+    assert torch.equal(got[0].cpu(), want[0])
+    if use_out:
+        assert torch.equal(got[1].cpu(), want[1])
+    else:  # lens of rows outside every request are unspecified (torch.empty upstream)
+        covered = int(qsl[-1] - qsl[0])
+        assert torch.equal(got[1].cpu()[:covered], want[1][:covered])
+
+
+@pytest.mark.parametrize("T,R,ratio,top_k", [(1, 1, 4, 512), (777, 3, 4, 512),
+                                             (1537, 2, 128, 384), (4099, 5, 1, 0)])
+def test_combine_bit_exact(ext, T, R, ratio, top_k):
+    g = _gen()
+    W = 128
+    T_used = T - (T // 10)  # trailing rows belong to no request
+    T_used = max(T_used, R)
+    qsl0, seq, qlen = _requests(T_used, R, g)
+    base = 1000
+    qsl = qsl0 + base  # rebased by the kernel
+    gat = torch.minimum(qlen.to(torch.int32) + W - 1, seq)
+    width_topk = max(top_k, 8)
+    topk = _i32(T, width_topk, lo=0, hi=2**20, g=g)
+    _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, 40000, 20000, g=g)
+    _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, 40000, 20000, g=g, use_out=False)
+
+
+def test_combine_image_visibility(ext):
+    g = _gen()
+    T, R, W, img = 1000, 3, 128, 576
+    qsl, seq, qlen = _requests(T, R, g)
+    gat = torch.minimum(qlen.to(torch.int32) + W - 1 + img, seq)
+    topk = _i32(T, 512, lo=0, hi=2**16, g=g)
+    left = _i32(T, lo=0, hi=W + img, g=g)
+    right = _i32(T, lo=0, hi=img // 2, g=g)
+    left[torch.rand(T, generator=g) < 0.5] = 0
+    right[torch.rand(T, generator=g) < 0.5] = 0
+    _check_combine(ext, topk, qsl, seq, gat, W, 4, 512, 123457, 5000, left, right, img, g=g)
+
+
+def test_combine_unaligned_width_and_scalar_path(ext):
+    g = _gen()
+    T, R = 301, 2
+    qsl, seq, qlen = _requests(T, R, g)
+    gat = seq.clone()
+    topk = _i32(T, 130, lo=0, hi=2**16, g=g)  # 130 columns: not a multiple of 4
+    # caller-provided output narrower than the default and with an odd width
+    _check_combine(ext, topk, qsl, seq, gat, 64, 4, 130, 7, 3, g=g, width=197)
+
+
+def test_combine_small_sequences(ext):
+    g = _gen()
+    # seq_len 1 and query of a single token, gather_len = seq_len
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    seq = torch.tensor([1, 1], dtype=torch.int32)
+    gat = torch.tensor([1, 1], dtype=torch.int32)
+    topk = _i32(4, 512, lo=0, hi=100, g=g)
+    _check_combine(ext, topk, qsl, seq, gat, 128, 4, 512, 1000, 500, g=g)
+
+
+def test_combine_validation(ext):
+    t = torch.zeros(4, 16, dtype=torch.int32, device=DEV)
+    q = torch.tensor([0, 4], dtype=torch.int32, device=DEV)
+    s = torch.tensor([4], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="topk=512"):
+        OI.combine_topk_swa_indices(t, q, s, s, 128, 4, 512, 0, 0)
+    with pytest.raises(ValueError, match="together"):
+        OI.combine_topk_swa_indices(t, q, s, s, 128, 4, 16, 0, 0, left_visible=s)
+    with pytest.raises(TypeError, match="seq_lens must be torch.int32"):
+        OI.combine_topk_swa_indices(t, q, s.long(), s, 128, 4, 16, 0, 0)
