@@ -6,8 +6,8 @@
 //            heads  keys  warps  score n-tiles  stages   smem bf16 / fp8 (bytes)
 //  kH64       64     32     8        2            2       146688 / 151296   SM80
 //  kH32       32     32     8        1            2       106752 / 111360   SM80
-//  kH16       16     32     4        1            2        86784 /  91392   SM80, SM86
-//  kH8         8     32     4        1            2        76800 /  81408   SM80, SM86
+//  kH16       16     32     8        1            2        86784 /  91392   SM80, SM86
+//  kH8         8     32     8        1            2        76800 /  81408   SM80, SM86
 #pragma once
 
 #include "tile_config.h"

@@ -178,9 +178,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         uint4 v;
         if (c < kNopeDim / 8) {
           const uint2 w = *reinterpret_cast<const uint2*>(raw + r * kDataBytes + c * 8);
-          const float sc = fp8::ue8m0_scale(rsc[r * kScaleBytes + (c >> 3)]);
-          fp8::e4m3x4_scaled_to_bf16x4(w.x, sc, v.x, v.y);
-          fp8::e4m3x4_scaled_to_bf16x4(w.y, sc, v.z, v.w);
+          const uint32_t sb = rsc[r * kScaleBytes + (c >> 3)];
+          if (sb <= fp8::kOneStepMaxScaleByte) {
+            const float f = fp8::one_step_factor(sb);
+            fp8::e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
+            fp8::e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
+          } else {
+            const float sc = fp8::ue8m0_scale(sb);
+            fp8::e4m3x4_scaled_to_bf16x4(w.x, sc, v.x, v.y);
+            fp8::e4m3x4_scaled_to_bf16x4(w.y, sc, v.z, v.w);
+          }
         } else {
           v = *reinterpret_cast<const uint4*>(raw + r * kDataBytes + kNopeDim + (c - kNopeDim / 8) * 16);
         }
@@ -202,28 +209,33 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         for (int n = 0; n < NTW; ++n)
 #pragma unroll
           for (int c = 0; c < 4; ++c) sacc[u][n][c] = 0.f;
-      const int mi = lane >> 3;
-      const int a_row = km * 16 + (mi & 1) * 8 + (lane & 7);
-      const int a_chunk = mi >> 1;
-#pragma unroll 4
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        const int u = ks & 1;
-        uint32_t a[4];
-        ptx::ldmatrix_x4(kt + swz(a_row, ks * 2 + a_chunk), a[0], a[1], a[2], a[3]);
-        if constexpr (NTW == 1) {
-          const int b_row = hn0 * 8 + (lane & 7);
-          uint32_t b0, b1;
-          ptx::ldmatrix_x2(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1);
-          ptx::mma_bf16_16816(sacc[u][0], a, b0, b1);
-        } else {
+      // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
+      // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
+      // per-thread base addresses plus a compile-time offset once the loop is unrolled.
+      const int mi = lane >> 3, r7 = lane & 7;
+      const uint32_t a_row = kt + (km * 16 + (mi & 1) * 8 + r7) * 1024;
+      const uint32_t b_row = s_base + L::q + ((hn0 + (NTW == 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024;
+      uint32_t a_addr[4], b_addr[4];
 #pragma unroll
-          for (int n = 0; n < NTW; n += 2) {
-            const int b_row = (hn0 + n + (mi >> 1)) * 8 + (lane & 7);
-            uint32_t b0, b1, b2, b3;
-            ptx::ldmatrix_x4(s_base + L::q + swz(b_row, ks * 2 + (mi & 1)), b0, b1, b2, b3);
-            ptx::mma_bf16_16816(sacc[u][n], a, b0, b1);
-            ptx::mma_bf16_16816(sacc[u][n + 1], a, b2, b3);
-          }
+      for (int u = 0; u < 4; ++u) {
+        a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
+        b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
+      }
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const int u = ks & 3, c = ks & 1;
+        const uint32_t koff = (ks >> 2) * 128;
+        uint32_t af[4];
+        ptx::ldmatrix_x4(a_addr[u] + koff, af[0], af[1], af[2], af[3]);
+        if constexpr (NTW == 1) {
+          uint32_t b0, b1;
+          ptx::ldmatrix_x2(b_addr[u] + koff, b0, b1);
+          ptx::mma_bf16_16816(sacc[c][0], af, b0, b1);
+        } else {
+          uint32_t b0, b1, b2, b3;
+          ptx::ldmatrix_x4(b_addr[u] + koff, b0, b1, b2, b3);
+          ptx::mma_bf16_16816(sacc[c][0], af, b0, b1);
+          ptx::mma_bf16_16816(sacc[c][1], af, b2, b3);
         }
       }
 #pragma unroll
@@ -276,41 +288,57 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 
     // ---- O^T[dim][head] += V^T P^T
     {
-      const int d_base = warp * Cfg::DW;
+      // rescale by 2^(m_old - m_new); skipped when the running max of none of this warp's
+      // heads moved (the common case after the first tiles)
+      float al[HN][2];
+      bool moved = false;
 #pragma unroll
       for (int hn = 0; hn < HN; ++hn) {
-        const float a0 = s_alpha[hn * 8 + 2 * t], a1 = s_alpha[hn * 8 + 2 * t + 1];
-#pragma unroll
-        for (int dm = 0; dm < DM; ++dm) {
-          acc[dm][hn][0] *= a0;
-          acc[dm][hn][1] *= a1;
-          acc[dm][hn][2] *= a0;
-          acc[dm][hn][3] *= a1;
-        }
+        al[hn][0] = s_alpha[hn * 8 + 2 * t];
+        al[hn][1] = s_alpha[hn * 8 + 2 * t + 1];
+        moved |= (al[hn][0] != 1.f) | (al[hn][1] != 1.f);
       }
-      const int mi = lane >> 3;
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int hn = 0; hn < HN; ++hn)
+#pragma unroll
+          for (int dm = 0; dm < DM; ++dm) {
+            acc[dm][hn][0] *= al[hn][0];
+            acc[dm][hn][1] *= al[hn][1];
+            acc[dm][hn][2] *= al[hn][0];
+            acc[dm][hn][3] *= al[hn][1];
+          }
+      }
+      const int mi = lane >> 3, r7 = lane & 7;
       const uint32_t p_base = s_base + L::probs;
+      // V^T fragments (ldmatrix.trans of the K tile): row kk*16 + (mi>>1)*8 + r7, chunk
+      // warp*DW/8 + 2*dm + (mi&1); DW is a multiple of 64, so as in the score phase the
+      // swizzle depends on (dm & 3) only.
+      uint32_t v_addr[4];
+      {
+        const uint32_t v_row = kt + ((mi >> 1) * 8 + r7) * 1024 + (warp * Cfg::DW / 64) * 128;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
+      }
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) {
         uint32_t b[HN][2];
         if constexpr (HN == 1) {
-          const int row = (lane & 7);
-          ptx::ldmatrix_x2(p_base + (row * Cfg::P_STRIDE + kk * 16 + (mi & 1) * 8) * 2, b[0][0], b[0][1]);
+          ptx::ldmatrix_x2(p_base + (r7 * Cfg::P_STRIDE + kk * 16 + (mi & 1) * 8) * 2, b[0][0], b[0][1]);
         } else {
 #pragma unroll
           for (int hn = 0; hn < HN; hn += 2) {
-            const int row = (hn + (mi >> 1)) * 8 + (lane & 7);
+            const int row = (hn + (mi >> 1)) * 8 + r7;
             ptx::ldmatrix_x4(p_base + (row * Cfg::P_STRIDE + kk * 16 + (mi & 1) * 8) * 2, b[hn][0],
                              b[hn][1], b[hn + 1][0], b[hn + 1][1]);
           }
         }
-        const int v_row = kk * 16 + (mi >> 1) * 8 + (lane & 7);
 #pragma unroll
         for (int dm = 0; dm < DM; ++dm) {
-          uint32_t a[4];
-          ptx::ldmatrix_x4_trans(kt + swz(v_row, (d_base + dm * 16) / 8 + (mi & 1)), a[0], a[1], a[2], a[3]);
+          uint32_t af[4];
+          ptx::ldmatrix_x4_trans(v_addr[dm & 3] + kk * 16 * 1024 + (dm >> 2) * 128, af[0], af[1], af[2], af[3]);
 #pragma unroll
-          for (int hn = 0; hn < HN; ++hn) ptx::mma_bf16_16816(acc[dm][hn], a, b[hn][0], b[hn][1]);
+          for (int hn = 0; hn < HN; ++hn) ptx::mma_bf16_16816(acc[dm][hn], af, b[hn][0], b[hn][1]);
         }
       }
     }

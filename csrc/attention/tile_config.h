@@ -29,7 +29,7 @@ struct TileConfig {
 
   static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
   static_assert((HN % NTW) == 0 && S_WARPS <= NWARPS, "score MMA split");
-  static_assert(DW % 16 == 0, "PV MMA split");
+  static_assert(DW % 64 == 0, "PV MMA split (the swizzle arithmetic needs 64-dim slices)");
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "softmax split");
   static_assert(NTW <= 2 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
 

@@ -41,6 +41,38 @@ grep -E "error|Used [0-9]+ registers|spill" "$OUT/build.log" | sed 's/ptxas info
 export DEEPINFER_SM80_LIB=$BUILD/deepinfer_sm80_attention.so
 [ "$MODE" = build ] && exit 0
 
+if [ "$MODE" = profile ]; then
+  # Nsight Compute counters of one prefill (64 heads) and two decode launches; clocks left alone.
+  cat >/tmp/attn_prof.py <<'PY'
+import os, sys, torch
+sys.path.insert(0, "bench"); sys.path.insert(0, "overlay")
+torch.ops.load_library(os.environ["DEEPINFER_SM80_LIB"])
+import bench_attention as b
+ops, ref = b.load_ours()
+s = b.make_prefill_set(1024, 64)
+for _ in range(2):
+    ops.flash_mla_sparse_fwd(s["q"], s["kv"], s["idx"], b.SCALE, attn_sink=s["sink"], topk_length=s["lens"], out=s["out"])
+for h in (8, 64):
+    d = b.make_decode_set(ref, 128, 1, h, 1)
+    for _ in range(2):
+        ops.sparse_mla_decode(d["q"], d["swa"], d["swa_idx"], d["swa_lens"], d["comp"], d["comp_idx"], d["comp_lens"], d["sink"], b.SCALE, d["out"], d["lse"], num_splits=1)
+torch.cuda.synchronize()
+PY
+  ncu --clock-control none -k regex:sparse_mla_kernel --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis \
+      --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed_pipe_tensor.sum \
+      python3 /tmp/attn_prof.py >"$OUT/ncu_prefill.txt" 2>&1
+  ncu --clock-control none -k regex:sparse_mla_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+      --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
+      python3 /tmp/attn_prof.py >"$OUT/ncu_decode8.txt" 2>&1
+  grep -E "Duration|Throughput|Stall|Warp Cycles|Bank|bank|Achieved Occ|Registers|Block Limit|pipe_tensor|ldsm|wavefronts|Issued|Eligible" "$OUT/ncu_prefill.txt" | head -60
+  echo ===== decode h8
+  grep -E "Duration|Throughput|Stall|Warp Cycles|bank|Achieved Occ|Block Limit" "$OUT/ncu_decode8.txt" | head -40
+  exit 0
+fi
+
 if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   t0=$(date +%s)
   export ATTN_ERR_LOG=$OUT/errors.txt
@@ -59,5 +91,10 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   t0=$(date +%s)
   python3 bench/bench_attention.py --no-doc ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
-  cat "$OUT/bench.log" | tail -60
+  grep -E "^\| |FAIL|Device-to-device|Error" "$OUT/bench.log" | head -40
+  if [ -z "${BENCH_ARGS:-}" ]; then  # the SM86 configuration (99 KB cap), A6000 SM count
+    python3 bench/bench_attention.py --no-doc --quick --smem-cap 101376 --sm-count 84 >"$OUT/bench_sm86.log" 2>&1
+    echo "bench sm86 rc=$?"
+    grep -E "^\| |FAIL|Error" "$OUT/bench_sm86.log" | head -20
+  fi
 fi

@@ -36,4 +36,24 @@ __device__ __forceinline__ void e4m3x4_scaled_to_bf16x4(uint32_t w, float scale,
   hi = *reinterpret_cast<uint32_t*>(&b);
 }
 
+// Fast path: 2^120 * 2^(byte - 127) = 2^(byte - 7) is one normal fp32 number for
+// byte <= 134, so a single (exact) multiply applies exponent rebias and scale together.
+constexpr uint32_t kOneStepMaxScaleByte = 134;
+
+__device__ __forceinline__ float one_step_factor(uint32_t byte) {
+  return __uint_as_float((byte + 120u) << 23);
+}
+
+__device__ __forceinline__ void e4m3x4_times_factor_to_bf16x4(uint32_t w, float f, uint32_t& lo,
+                                                              uint32_t& hi) {
+  float f0 = e4m3_bits_times_2m120(w & 0xFFu) * f;
+  float f1 = e4m3_bits_times_2m120((w >> 8) & 0xFFu) * f;
+  float f2 = e4m3_bits_times_2m120((w >> 16) & 0xFFu) * f;
+  float f3 = e4m3_bits_times_2m120(w >> 24) * f;
+  __nv_bfloat162 a = __floats2bfloat162_rn(f0, f1);
+  __nv_bfloat162 b = __floats2bfloat162_rn(f2, f3);
+  lo = *reinterpret_cast<uint32_t*>(&a);
+  hi = *reinterpret_cast<uint32_t*>(&b);
+}
+
 }  // namespace deepinfer_sm80::attention::fp8
