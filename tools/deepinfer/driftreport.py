@@ -2,6 +2,8 @@
 a rich table on the terminal and the same content as markdown."""
 from __future__ import annotations
 
+import re
+
 from rich.table import Table
 
 from .console import console
@@ -44,29 +46,45 @@ def _title(report: dict) -> str:
 
 def print_report(report: dict) -> None:
     console.print(f"[bold]drift:[/] {_title(report)}", soft_wrap=True)
-    table = Table(show_lines=False)
-    for col in ("patch", "file", "hunk", "status", "note"):
-        table.add_column(col, overflow="fold")
+    n = len(report["patches"])
     conflicts = []
-    for name, path, hunk, status, note, h in rows(report):
-        table.add_row(name, path, hunk, f"[{STYLE.get(status, '')}]{status}[/]", note)
-        if h.get("upstream_now"):
-            conflicts.append((name, path, hunk, h))
-    console.print(table)
+    for p in report["patches"]:
+        st = p["status"]
+        console.print(f"[bold][{p['index']}/{n}] {p['name']}[/]  [{STYLE.get(st, '')}]{st}[/]",
+                      soft_wrap=True)
+        for f in p["files"]:
+            path = f["path"] + (f" -> {f['renamed_to']}" if f["renamed_to"] else "")
+            console.print(f"  {path}", markup=False, soft_wrap=True)
+            for name, _path, hunk, status, note, h in rows({"patches": [{**p, "files": [f]}]}):
+                m = re.match(r"#(\d+) @@ (-\S+)", hunk)
+                short = f"#{m.group(1)} {m.group(2)}" if m else hunk.split(" ")[0]
+                console.print(f"    {short:<13} [{STYLE.get(status, '')}]{status:<16}[/] {note}",
+                              soft_wrap=True)
+                if h.get("upstream_now"):
+                    conflicts.append((name, f["path"], hunk, h))
     for name, path, hunk, h in conflicts:
         where = f" at line {h['target_line']}" if h["target_line"] else ""
         console.print(f"[bold red]{h['status']}[/]: patch {name}, hunk {hunk}, file {path}: "
                       f"upstream {report['to']['label']} has{where}:", soft_wrap=True)
         for line in h["upstream_now"]:
             console.print("    " + line, markup=False, soft_wrap=True)
-    ot = Table(title="overlay")
+    ot = Table(title="overlay files that need attention")
     for col in ("file", "kind", "status", "findings"):
         ot.add_column(col, overflow="fold")
-    for o in report["overlay"]:
+    flagged = [o for o in report["overlay"] if o["status"] != "ok" or o["findings"]]
+    for o in flagged:
         notes = "; ".join(f["detail"] for f in o["findings"])
         ot.add_row(o["path"], o["kind"], f"[{STYLE.get(o['status'], '')}]{o['status']}[/]", notes)
-    if report["overlay"]:
+    if flagged:
         console.print(ot)
+    for o in flagged:
+        if o["upstream_diff"]:
+            console.print(f"upstream change to {o['path']} (port it into {o['source']}):",
+                          soft_wrap=True)
+            console.print(o["upstream_diff"].rstrip("\n"), markup=False, soft_wrap=True)
+    ok = len(report["overlay"]) - len(flagged)
+    console.print(f"overlay: {ok} of {len(report['overlay'])} files ok "
+                  "(full list in the markdown/JSON report)", soft_wrap=True)
     s = report["summary"]
     console.print("patches: " + ", ".join(f"{k} {v}" for k, v in sorted(s["patches"].items()))
                   + " | hunks: " + ", ".join(f"{k} {v}" for k, v in sorted(s["hunks"].items()))
