@@ -111,3 +111,8 @@ def test_interp_compressor_store_bytes_exact(interp_results, name):
 def test_interp_index_q_exact(interp_results):
     r = interp_results["index_q"]
     assert r["codes_exact"] == 1.0 and r["weights_exact"]
+
+
+def test_interp_fused_indexer_scorer_sets(interp_results):
+    assert interp_results["indexer_fused_prefill_sets_equal"]
+    assert interp_results["indexer_fused_decode_sets_equal"]

@@ -75,6 +75,18 @@ def score_tile(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor, k_scale: torch
     return s.sum(dim=1) * k_scale
 
 
+def _use_triton(scorer: str, t: torch.Tensor) -> bool:
+    if scorer == "torch":
+        return False
+    try:
+        from . import indexer_triton  # noqa: F401
+    except ImportError:
+        if scorer == "triton":
+            raise
+        return False
+    return scorer == "triton" or t.is_cuda
+
+
 def _tile_cols(rows: int, heads: int, budget: int, lo: int = 64) -> int:
     return max(lo, budget // max(1, rows * heads))
 
@@ -91,6 +103,7 @@ def prefill_topk(
     *,
     row_chunk: int = 256,
     tile_budget: int = DEFAULT_TILE_BUDGET,
+    scorer: str = "auto",
 ) -> torch.Tensor:
     """Ragged prefill scoring + top-k into ``out`` [T, >=topk] int32.
 
@@ -104,19 +117,37 @@ def prefill_topk(
     k_scale = k_scale.reshape(-1).to(torch.float32)
     ks_all = cu_seqlen_ks.to(torch.int64)
     ke_all = cu_seqlen_ke.to(torch.int64)
+    fused = _use_triton(scorer, q_fp8)
+    if fused:
+        from .indexer_triton import mqa_logits_tile
+
+        q_u8 = q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8
+        k_u8 = k_fp8.view(torch.uint8) if k_fp8.dtype != torch.uint8 else k_fp8
+        ks32 = cu_seqlen_ks.to(torch.int32).contiguous()
+        ke32 = cu_seqlen_ke.to(torch.int32).contiguous()
+        w32 = weights.to(torch.float32).contiguous()
     for r0 in range(0, T, row_chunk):
         r1 = min(T, r0 + row_chunk)
         ks, ke = ks_all[r0:r1], ke_all[r0:r1]
         c0 = int(ks.min())
         c1 = int(ke.max())
-        q = dequant_fp8(q_fp8[r0:r1])
-        w = weights[r0:r1].to(torch.float32)
         best = None
-        tile = _tile_cols(r1 - r0, H, tile_budget)
+        if fused:
+            tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
+            buf = torch.empty((r1 - r0, tile), dtype=torch.float32, device=dev)
+        else:
+            q = dequant_fp8(q_fp8[r0:r1])
+            w = weights[r0:r1].to(torch.float32)
+            tile = _tile_cols(r1 - r0, H, tile_budget)
         for t0 in range(c0, max(c1, c0 + 1), tile):
             t1 = min(max(c1, c0 + 1), t0 + tile)
-            k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
-            logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))
+            if fused:
+                logits = mqa_logits_tile(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
+                                         lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
+                                         k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
+            else:
+                k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
+                logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))
             cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
             valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
             keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
@@ -146,6 +177,7 @@ def decode_topk(
     *,
     pages_per_tile: int | None = None,
     tile_budget: int = DEFAULT_TILE_BUDGET,
+    scorer: str = "auto",
 ) -> torch.Tensor:
     """Paged decode scoring + top-k into ``out`` [B * next_n, >= topk] int32.
 
@@ -158,16 +190,40 @@ def decode_topk(
     rows = B * NN
     if rows == 0:
         return out
-    codes, scales = split_indexer_pages(kv_cache, block_size, D)
     ctx = context_lens.reshape(B, -1).to(torch.int64)
     if ctx.shape[1] != NN:
         ctx = ctx[:, -1:].expand(B, NN)
+    maxb = block_table.shape[1]
+    best = None
+    if _use_triton(scorer, q_fp8):
+        from .indexer_triton import mqa_logits_tile
+
+        q_u8 = (q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8)
+        q_u8 = q_u8.reshape(rows, H, D)
+        w32 = weights[:rows].to(torch.float32).contiguous()
+        row_req = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(NN)
+        lo = torch.zeros(rows, dtype=torch.int32, device=dev)
+        hi = ctx.reshape(rows).to(torch.int32)
+        bt32 = block_table.to(torch.int32)
+        total = maxb * block_size
+        tile = pages_per_tile * block_size if pages_per_tile else max(
+            block_size, (tile_budget // max(1, rows * 8)) // block_size * block_size)
+        buf = torch.empty((rows, min(tile, total)), dtype=torch.float32, device=dev)
+        for t0 in range(0, total, tile):
+            t1 = min(total, t0 + tile)
+            logits = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
+                                     pages=kv_cache, block_table=bt32, row_req=row_req,
+                                     block_size=block_size)[:, : t1 - t0]
+            cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
+            keys = order_keys(logits, cols, cols < hi.unsqueeze(1).to(torch.int64))
+            best = merge_topk(best, keys, topk)
+        out[:rows, :topk] = keys_to_indices(best)
+        return out
+    codes, scales = split_indexer_pages(kv_cache, block_size, D)
     q = dequant_fp8(q_fp8)  # [B, NN, H, D]
     w = weights[:rows].to(torch.float32).view(B, NN, H)
-    maxb = block_table.shape[1]
     if pages_per_tile is None:
         pages_per_tile = max(1, _tile_cols(rows, H, tile_budget, lo=block_size) // block_size)
-    best = None
     bt = block_table.to(torch.int64).clamp(min=0)
     for p0 in range(0, maxb, pages_per_tile):
         p1 = min(maxb, p0 + pages_per_tile)
