@@ -11,8 +11,8 @@ from test_drift_synth import BASE_VERSION, edit_line, numbered, synth  # noqa: F
 FILES = {f"vllm/{n}.py": numbered(n) for n in
          ("clean", "offset", "fuzz", "threeway", "conflict", "renamed", "deleted",
           "done", "merged")}
-FILES["vllm/lib.py"] = ("class Base:\n    pass\n\n\ndef helper():\n    return 1\n\n\n"
-                        "def gone():\n    return 2\n")
+FILES["vllm/lib.py"] = ("class Base:\n    pass\n\n\nclass OldBase:\n    pass\n\n\n"
+                        "def helper():\n    return 1\n\n\ndef gone():\n    return 2\n")
 FILES["vllm/repl.py"] = "VALUE = 1\n"
 
 
@@ -34,7 +34,8 @@ def _build(synth):
     p.add_overlay("vllm/repl.py", "VALUE = 2\n")
     p.add_overlay("vllm/uses.py",
                   "import vllm.lib as L\nfrom vllm.lib import Base, helper\n\n\n"
-                  "class X(Base):\n    pass\n\n\nhelper()\nL.gone()\n")
+                  "class X(Base):\n    pass\n\n\nclass Y(L.OldBase):\n    pass\n\n\n"
+                  "helper()\nL.gone()\n")
     p.add_overlay("deepinfer_sm80/ok.py", "from vllm.lib import Base\n")
     target = {
         "vllm/offset.py": "".join(f"inserted {i}\n" for i in range(5)) + FILES["vllm/offset.py"],
@@ -98,6 +99,7 @@ def test_overlay_findings(synth):
     assert ("import", "vllm.lib.helper") in symbols
     assert ("call", "vllm.lib.helper") in symbols
     assert ("call", "vllm.lib.gone") in symbols
+    assert ("base-class", "vllm.lib.OldBase") in symbols
     assert not any(s[1] == "vllm.lib.Base" for s in symbols)  # still there
     assert ov["deepinfer_sm80/ok.py"]["status"] == "ok"
 
