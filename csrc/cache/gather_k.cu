@@ -8,7 +8,7 @@
 //
 // Latency hiding: the block-table lookups for the next 32 entries of a warp are done
 // up front, one per lane, and handed out with shuffles; each iteration issues the loads
-// of two entries before any store. The grid is (blocks per request, requests), sized
+// of kInFlight entries (default 4) before any store. The grid is (blocks per request, requests), sized
 // from the SM count and the kernel's occupancy so that the whole GPU is covered once.
 //
 // Decode: e4m3 -> bf16 with the UE8M0 scale folded into one fp32 multiply
@@ -16,6 +16,8 @@
 // RNE to bf16" (upstream's Triton kernel); groups with s outside [1, 246] and 8-byte
 // chunks holding a NaN code take the scalar path, which computes exactly that.
 #include <cuda_runtime.h>
+
+#include <cstdlib>
 
 #include "cache/cache_kernels.h"
 #include "common/fp8_e4m3.cuh"
@@ -102,6 +104,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   st_v4(out_row + 256 + 8 * lane, hi);
 }
 
+template <int kInFlight>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -136,27 +139,35 @@ gather_k_kernel(const GatherKParams p) {
     const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
 
-    for (int k = 0; k < n; k += 2) {
-      const int64_t e0p = __shfl_sync(0xFFFFFFFFu, packed, k);
-      const int64_t e1p = __shfl_sync(0xFFFFFFFFu, packed, (k + 1) & 31);
-      const bool has0 = e0p >= 0;
-      const bool has1 = (k + 1 < n) && e1p >= 0;
-      EntryLoads e0, e1;
-      if (has0) e0 = load_packed(p, e0p, lane);
-      if (has1) e1 = load_packed(p, e1p, lane);
-      if (has0) store_entry(out_req + (p.offset + base + k * nwarps) * p.out_stride1, e0, lane);
-      if (has1) {
-        store_entry(out_req + (p.offset + base + (k + 1) * nwarps) * p.out_stride1, e1, lane);
+    for (int k = 0; k < n; k += kInFlight) {
+      int64_t ep[kInFlight];
+      bool has[kInFlight];
+      EntryLoads e[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        ep[j] = __shfl_sync(0xFFFFFFFFu, packed, (k + j) & 31);
+        has[j] = (k + j < n) && ep[j] >= 0;
+      }
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (has[j]) e[j] = load_packed(p, ep[j], lane);
+      }
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (has[j]) {
+          store_entry(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane);
+        }
       }
     }
   }
 }
 
+template <int kInFlight>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_kernel, kThreads, 0) !=
-            cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_kernel<kInFlight>, kThreads,
+                                                      0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -165,19 +176,38 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-}  // namespace
-
-void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
-  if (p.num_reqs <= 0) return;
+template <int kInFlight>
+void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
-  const int64_t total = static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm();
+  const int64_t total = static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight><<<grid, kThreads, 0, stream>>>(p);
+}
+
+// Entries each warp keeps in flight (loads issued before the stores). A tuning knob for
+// benchmarks: $DEEPINFER_GATHER_INFLIGHT = 2 or 4 (default 4), read once per process.
+int entries_in_flight() {
+  static int v = [] {
+    const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
+    return (e != nullptr && std::atoi(e) == 2) ? 2 : 4;
+  }();
+  return v;
+}
+
+}  // namespace
+
+void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  if (p.num_reqs <= 0) return;
+  if (entries_in_flight() == 2) {
+    launch<2>(p, lim, stream);
+  } else {
+    launch<4>(p, lim, stream);
+  }
 }
 
 }  // namespace deepinfer_sm80

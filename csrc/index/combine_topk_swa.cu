@@ -1,6 +1,7 @@
 // combine_topk_swa_indices for SM80+: the -1 fill and the index computation in one pass.
 //
-// One warp per output row t (grid-stride, grid from the SM count). The row's request b is
+// One warp per output row t (grid-stride, grid from the SM count); the row's top-k
+// values are loaded first, overlapping the request lookup. The row's request b is
 // found by binary search in query_start_loc (rebased by its first element); then, with
 //   pos       = seq_len[b] - query_len[b] + (t - query_start[b])
 //   k         = min((pos + 1) / ratio, top_k)
@@ -25,6 +26,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * 32;
+constexpr int kHeld = 8;  // int4 column chunks per lane held in registers (1024 columns)
 
 __device__ __forceinline__ int32_t add32(int32_t a, int32_t b) {
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
@@ -47,6 +49,20 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
   const int32_t q0 = p.num_reqs > 0 ? p.query_start_loc[0] : 0;
 
   for (int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5); t < p.num_tokens; t += nwarps) {
+    const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
+    int32_t* dst = p.idx + static_cast<int64_t>(t) * p.idx_stride0;
+    // The first kHeld * 128 top-k columns are loaded before the request lookup: they do
+    // not depend on it, so their latency overlaps the header loads (one memory round trip
+    // per row instead of one per step). Columns c < top_k are in bounds (host check).
+    int4 held[kHeld];
+    if (kVec4) {
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        held[i] = c < p.top_k ? *reinterpret_cast<const int4*>(src + c) : make_int4(0, 0, 0, 0);
+      }
+    }
+
     // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
     int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
     while (hi - lo > 1) {
@@ -55,21 +71,19 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     }
     const int b = lo;
     RowPlan plan{0, 0, 0, 0};
-    bool in_req = false;
     if (p.num_reqs > 0) {
       const int qs = p.query_start_loc[b] - q0;
       const int qe = p.query_start_loc[b + 1] - q0;
-      in_req = qs <= t && t < qe;
-      if (in_req) {
-        const int seq_len = p.seq_lens[b];
-        const int gather_len = p.gather_lens[b];
+      const int seq_len = p.seq_lens[b];
+      const int gather_len = p.gather_lens[b];
+      int left = 0, right = 0;
+      if (p.image_width > 0) {
+        left = p.left_visible[t];
+        right = p.right_visible[t];
+      }
+      if (qs <= t && t < qe) {
         const int pos = seq_len - (qe - qs) + (t - qs);
         const int k = min((pos + 1) / p.ratio, p.top_k);
-        int left = 0, right = 0;
-        if (p.image_width > 0) {
-          left = p.left_visible[t];
-          right = p.right_visible[t];
-        }
         const int left_add = max(left - (p.window - 1), 0);
         const int swa_start = max(pos - (p.window - 1) - left_add, 0);
         const int swa_len = pos + right - swa_start + 1;
@@ -83,21 +97,26 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
         if (lane == 0) p.lens[t] = k + swa_len;
       }
     }
-    const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
-    int32_t* dst = p.idx + static_cast<int64_t>(t) * p.idx_stride0;
     auto value = [&](int c, int32_t topk_val) -> int32_t {
       if (c < plan.k) return add32(topk_val, plan.bM);
       if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
       return -1;
     };
     if (kVec4) {
-#pragma unroll 2
-      for (int c = lane * 4; c < p.width; c += 128) {
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        if (c < p.width) {
+          const int4 tv = held[i];
+          *reinterpret_cast<int4*>(dst + c) = make_int4(
+              value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z), value(c + 3, tv.w));
+        }
+      }
+      for (int c = kHeld * 128 + lane * 4; c < p.width; c += 128) {  // wide rows only
         int4 tv = make_int4(0, 0, 0, 0);
         if (c < plan.k) tv = *reinterpret_cast<const int4*>(src + c);
-        const int4 o = make_int4(value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z),
-                                 value(c + 3, tv.w));
-        *reinterpret_cast<int4*>(dst + c) = o;
+        *reinterpret_cast<int4*>(dst + c) = make_int4(value(c, tv.x), value(c + 1, tv.y),
+                                                      value(c + 2, tv.z), value(c + 3, tv.w));
       }
     } else {
       for (int c = lane; c < p.width; c += 32) {
