@@ -38,9 +38,15 @@ if [ "$MODE" = all ] || [ "$MODE" = test ]; then
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  t0=$(date +%s)
-  python3 bench/bench_cache.py --no-doc ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
-  echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
-  cp bench/results/bench_cache_*.json "$OUT/" 2>/dev/null || true
-  grep -vE "^\s+File|^Traceback|^\s+\^" "$OUT/bench.log" | tail -40
+  # GATHER_INFLIGHT_LIST="2 4" times both gather variants (csrc/cache/gather_k.cu knob)
+  for inflight in ${GATHER_INFLIGHT_LIST:-4}; do
+    t0=$(date +%s)
+    DEEPINFER_GATHER_INFLIGHT=$inflight python3 bench/bench_cache.py --no-doc ${BENCH_ARGS:-} \
+      >"$OUT/bench_inflight$inflight.log" 2>&1
+    echo "bench (gather in flight $inflight) rc=$? in $(( $(date +%s) - t0 )) s"
+    for f in bench/results/bench_cache_*.json; do
+      [ -e "$f" ] && mv "$f" "$OUT/inflight${inflight}_$(basename "$f")"
+    done
+    grep -E "^- (Device|Date|Command)|^\| (dequant|combine)|FAIL" "$OUT/bench_inflight$inflight.log"
+  done
 fi
