@@ -29,10 +29,15 @@ step() {  # step NAME LOG CMD...: run, tee to $OUT/LOG, remember failure
   [ $r -eq 0 ] || rc=1
 }
 has_target() { make -n "$1" >/dev/null 2>&1; }
-# SM80 code: sm_80 SASS + compute_80 PTX, and compute_80 compiled to sm_90 SASS for this
-# H200 (BUILD_ARCHS="8.0 8.6" adds SM86), into overlay/
-if [ "$MODE" = full ] && has_target build; then
-  step build build.log make build ARCHS="${BUILD_ARCHS:-8.0}" BUILD_DIR=overlay EXTRA_GENCODE=compute_80:sm_90
+# SM80 code compiled from compute_80 PTX to sm_90 SASS for this H200 (nothing newer than
+# SM80 can slip in), into overlay/ (BUILD_FULL=1: `make build`, sm_80 SASS + PTX as well)
+if [ "$MODE" = full ]; then
+  if [ "${BUILD_FULL:-0}" = 1 ]; then
+    step build build.log make build ARCHS="8.0" BUILD_DIR=overlay EXTRA_GENCODE=compute_80:sm_90
+  else
+    step build build.log .venv/bin/python -m deepinfer.build build --archs 8.0 \
+      --extra-gencode compute_80:sm_90 --only-extra --target overlay -j "$(nproc)"
+  fi
 fi
 # GPU tests: GPU_TESTS (space-separated pytest paths/ids) or, by default, the portable
 # gather's; full mode also runs every tests/gpu/test_{cache,index}*.py present
