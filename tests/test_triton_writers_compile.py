@@ -41,6 +41,27 @@ def _main_store(kernel, ratio):
     return ASTSource(fn=kernel, signature=full, constexprs=consts)
 
 
+def _c128_two_stage():
+    sig1 = {k: _STORE_SIG.get(k, "i32") for k in [
+        "state_ptr", "state_stride0", "state_stride1", "t2r_ptr", "n_req_idx", "pos_ptr", "n_pos",
+        "slot_ptr", "bt_ptr", "bt_stride", "state_block_size", "kv_slot_ptr", "n_kv_slots"]}
+    sig1["scratch_ptr"] = "*fp32"
+    c1 = dict(HEAD=512, STATE_WIDTH=512, COMPRESS_RATIO=128, HEAD_TILE=64)
+    sig1.update({k: "constexpr" for k in c1})
+    sig2 = {"scratch_ptr": "*fp32"}
+    sig2.update({k: _STORE_SIG.get(k, "i32") for k in [
+        "t2r_ptr", "n_req_idx", "pos_ptr", "n_pos", "slot_ptr", "w_ptr", "eps", "cs_ptr",
+        "cs_stride", "k_ptr", "kv_slot_ptr", "n_kv_slots", "kv_block_size", "kv_block_stride"]})
+    c2 = dict(HEAD=512, COMPRESS_RATIO=128, ROPE=64, QB=64, TOKEN_STRIDE=576, SCALE_DIM=8)
+    sig2.update({k: "constexpr" for k in c2})
+    return {
+        "c128_compress": (ASTSource(fn=compressor_store._c128_compress_kernel, signature=sig1,
+                                    constexprs=c1), 4),
+        "c128_store": (ASTSource(fn=compressor_store._c128_store_kernel, signature=sig2,
+                                 constexprs=c2), 8),
+    }
+
+
 def _indexer_store():
     order = ["state_ptr", "state_stride0", "state_stride1", "t2r_ptr", "pos_ptr", "n_pos",
              "slot_ptr", "bt_ptr", "bt_stride", "state_block_size", "w_ptr", "eps", "cs_ptr",
@@ -66,10 +87,10 @@ def _index_q():
 def _sources():
     out = {
         "c4_store": (_main_store(compressor_store._c4_compress_store_kernel, 4), 4),
-        "c128_store": (_main_store(compressor_store._c128_compress_store_kernel, 128), 8),
         "indexer_store": (_indexer_store(), 4),
         "index_q": (_index_q(), 1),
     }
+    out.update(_c128_two_stage())
     try:
         from deepinfer_sm80.ampere import indexer_triton
     except ImportError:

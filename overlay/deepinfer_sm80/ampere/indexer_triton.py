@@ -46,6 +46,7 @@ def _mqa_logits_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     DOT_BF16: tl.constexpr,
+    DK: tl.constexpr = 32,
 ):
     row = tl.program_id(0)
     tile = tl.program_id(1)
@@ -54,10 +55,8 @@ def _mqa_logits_kernel(
     lo = tl.load(lo_ptr + row)
     hi = tl.load(hi_ptr + row)
     valid = (lc < n_cols) & (col >= lo) & (col < hi)
-    d = tl.arange(0, D)
     h = tl.arange(0, H)
-    qc = tl.load(q_ptr + row.to(tl.int64) * (H * D) + h[:, None] * D + d[None, :])
-    q = e4m3_decode(qc)
+    q_row = q_ptr + row.to(tl.int64) * (H * D)
     if PAGED:
         req = tl.load(row_req_ptr + row).to(tl.int64)
         cc = tl.where(valid, col, 0)
@@ -65,18 +64,22 @@ def _mqa_logits_kernel(
         page = tl.maximum(page, 0).to(tl.int64)
         base = k_ptr + page * page_bytes
         slot = cc % block_size
-        kc = tl.load(base[:, None] + slot[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        k_rows = base + slot * D
         ksc = tl.load((base + block_size * D + slot * 4).to(tl.pointer_type(tl.float32)),
                       mask=valid, other=0.0)
     else:
         cc = tl.where(valid, col, 0).to(tl.int64)
-        kc = tl.load(k_ptr + cc[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        k_rows = k_ptr + cc * D
         ksc = tl.load(ks_ptr + cc, mask=valid, other=0.0)
-    k = e4m3_decode(kc)
-    if DOT_BF16:  # e4m3 values are exact in bf16: mma.sync bf16, fp32 accumulation
-        s = tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16)))
-    else:  # Triton's CPU interpreter mishandles bf16 dot: exact fp32 there
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    s = tl.zeros((H, BLOCK_N), tl.float32)
+    for d0 in tl.range(0, D, DK):
+        dd = d0 + tl.arange(0, DK)
+        q = e4m3_decode(tl.load(q_row + h[:, None] * D + dd[None, :]))
+        k = e4m3_decode(tl.load(k_rows[:, None] + dd[None, :], mask=valid[:, None], other=0))
+        if DOT_BF16:  # e4m3 values are exact in bf16: mma.sync bf16, fp32 accumulation
+            s = tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16)), s)
+        else:  # Triton's CPU interpreter mishandles bf16 dot: exact fp32 there
+            s = tl.dot(q, tl.trans(k), s, input_precision="ieee")
     w = tl.load(w_ptr + row.to(tl.int64) * H + h)
     s = tl.maximum(s, 0.0) * w[:, None]
     logits = tl.sum(s, axis=0) * ksc
@@ -103,7 +106,7 @@ def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=
         block_table.stride(0) if paged else 0,
         pages.stride(0) if paged else 0,
         block_size,
-        H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET, num_warps=4,
+        H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET, num_warps=8,
     )
     return out
 
@@ -117,12 +120,12 @@ def aot_sources() -> dict:
            "out_ptr": "*fp32", "col0": "i32", "n_cols": "i32", "out_stride": "i32",
            "bt_stride": "i32", "page_bytes": "i64", "block_size": "i32",
            "H": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "PAGED": "constexpr",
-           "DOT_BF16": "constexpr"}
+           "DOT_BF16": "constexpr", "DK": "constexpr"}
     out = {}
     for paged in (True, False):
-        consts = {"H": 64, "D": 128, "BLOCK_N": 64, "PAGED": paged, "DOT_BF16": True}
+        consts = {"H": 64, "D": 128, "BLOCK_N": 64, "PAGED": paged, "DOT_BF16": True, "DK": 32}
         out[f"indexer_logits_{'paged' if paged else 'flat'}"] = (
-            ASTSource(fn=_mqa_logits_kernel, signature=sig, constexprs=consts), 4)
+            ASTSource(fn=_mqa_logits_kernel, signature=sig, constexprs=consts), 8)
     return out
 
 

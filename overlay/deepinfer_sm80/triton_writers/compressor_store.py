@@ -11,9 +11,11 @@ reduction trees, so that the bytes agree with it:
 * C4 (overlap, window 8): online softmax over the 8 window rows (rows with a
   negative position skipped), value = product / sum, RMSNorm with per-lane
   8-element sums, a 32-lane butterfly, then warp 0 + warp 1.
-* C128 (window 128 = 8 warps x 16 rows): per-warp max, per-warp sequential
-  exp-sums, a rescaled 8-way butterfly combine, value = product / sum; RMSNorm
-  with 2-element lane sums, a 32-lane butterfly, then an 8-way butterfly.
+* C128 (window 128 = 8 warps x 16 rows), two stages like the CuTe DSL split
+  kernels: per (token, 64-column tile) per-warp max, per-warp sequential
+  exp-sums, a rescaled 8-way butterfly combine, value = product / sum into an
+  fp32 scratch row; then per token RMSNorm with 2-element lane sums, a 32-lane
+  butterfly and an 8-way butterfly.
 * NoPE 448 = 7 groups of 64: bf16-round, absmax, scale = max(1e-4, absmax /
   448), UE8M0 exponent by ``(bits + 0x7FFFFF) >> 23``, e4m3 RNE satfinite in
   software.  RoPE 64 (GPT-J pairs, position (pos // ratio) * ratio) stored
@@ -197,7 +199,18 @@ def _c4_compress_store_kernel(
 
 
 @triton.jit
-def _c128_compress_store_kernel(
+def _c128_active(slot_ptr, pos_ptr, n_pos, n_req_idx, kv_slot_ptr, n_kv_slots, tok,
+                 COMPRESS_RATIO: tl.constexpr):
+    slot = tl.load(slot_ptr + tok)
+    position = tl.load(pos_ptr + tok, mask=tok < n_pos, other=0).to(tl.int64)
+    kv_slot = tl.load(kv_slot_ptr + tok, mask=tok < n_kv_slots, other=-1).to(tl.int64)
+    active = (slot >= 0) & (tok < n_pos) & (tok < n_req_idx) & (kv_slot >= 0)
+    active = active & ((position + 1) % COMPRESS_RATIO == 0)
+    return active, position, kv_slot
+
+
+@triton.jit
+def _c128_compress_kernel(
     state_ptr,
     state_stride0,
     state_stride1,
@@ -209,46 +222,35 @@ def _c128_compress_store_kernel(
     bt_ptr,
     bt_stride,
     state_block_size,
-    w_ptr,
-    eps,
-    cs_ptr,
-    cs_stride,
-    k_ptr,
     kv_slot_ptr,
     n_kv_slots,
-    kv_block_size,
-    kv_block_stride,
+    scratch_ptr,
     HEAD: tl.constexpr,
     STATE_WIDTH: tl.constexpr,
     COMPRESS_RATIO: tl.constexpr,
-    ROPE: tl.constexpr,
-    QB: tl.constexpr,
-    TOKEN_STRIDE: tl.constexpr,
-    SCALE_DIM: tl.constexpr,
+    HEAD_TILE: tl.constexpr,
 ):
-    tl.static_assert(HEAD == 512)
+    """Stage 1 (per token x 64-column tile): softmax pool of the 128 window
+    rows as 8 "warps" of 16 rows, written to an fp32 scratch row."""
     tl.static_assert(COMPRESS_RATIO == 128)
     tok = tl.program_id(0)
-    slot = tl.load(slot_ptr + tok)
-    position = tl.load(pos_ptr + tok, mask=tok < n_pos, other=0).to(tl.int64)
-    kv_slot = tl.load(kv_slot_ptr + tok, mask=tok < n_kv_slots, other=-1).to(tl.int64)
-    active = (slot >= 0) & (tok < n_pos) & (tok < n_req_idx) & (kv_slot >= 0)
-    active = active & ((position + 1) % COMPRESS_RATIO == 0)
+    split = tl.program_id(1)
+    active, position, kv_slot = _c128_active(slot_ptr, pos_ptr, n_pos, n_req_idx, kv_slot_ptr,
+                                             n_kv_slots, tok, COMPRESS_RATIO)
     if active:
         req = tl.load(t2r_ptr + tok).to(tl.int64)
         start = position - (COMPRESS_RATIO - 1)  # >= 0 at a boundary
-        cols = tl.arange(0, HEAD)
+        cols = split * HEAD_TILE + tl.arange(0, HEAD_TILE)
         warps = tl.arange(0, 8)
-        # Rows 16*w + i belong to "warp" w.
-        m_w = tl.full((8, HEAD), float("-inf"), tl.float32)
+        m_w = tl.full((8, HEAD_TILE), float("-inf"), tl.float32)
         for i in tl.static_range(16):
             p = start + warps * 16 + i
             blk = tl.load(bt_ptr + req * bt_stride + p // state_block_size).to(tl.int64)
             row = state_ptr + blk * state_stride0 + (p % state_block_size) * state_stride1
             sc = tl.load(row[:, None] + STATE_WIDTH + cols[None, :])
             m_w = tl.maximum(m_w, sc)
-        s_w = tl.zeros((8, HEAD), tl.float32)
-        p_w = tl.zeros((8, HEAD), tl.float32)
+        s_w = tl.zeros((8, HEAD_TILE), tl.float32)
+        p_w = tl.zeros((8, HEAD_TILE), tl.float32)
         for i in tl.static_range(16):
             p = start + warps * 16 + i
             blk = tl.load(bt_ptr + req * bt_stride + p // state_block_size).to(tl.int64)
@@ -263,16 +265,48 @@ def _c128_compress_store_kernel(
         gs = s_w * resc
         gp = p_w * resc
         # 8-way butterfly (offsets 4, 2, 1) over the warp axis.
-        gs = tl.sum(tl.reshape(gs, (2, 4, HEAD)), axis=0)
-        gs = tl.sum(tl.reshape(gs, (2, 2, HEAD)), axis=0)
+        gs = tl.sum(tl.reshape(gs, (2, 4, HEAD_TILE)), axis=0)
+        gs = tl.sum(tl.reshape(gs, (2, 2, HEAD_TILE)), axis=0)
         gs = tl.sum(gs, axis=0)
-        gp = tl.sum(tl.reshape(gp, (2, 4, HEAD)), axis=0)
-        gp = tl.sum(tl.reshape(gp, (2, 2, HEAD)), axis=0)
+        gp = tl.sum(tl.reshape(gp, (2, 4, HEAD_TILE)), axis=0)
+        gp = tl.sum(tl.reshape(gp, (2, 2, HEAD_TILE)), axis=0)
         gp = tl.sum(gp, axis=0)
-        x = tl.div_rn(gp, gs)
+        tl.store(scratch_ptr + tok.to(tl.int64) * HEAD + cols, tl.div_rn(gp, gs))
 
-        # RMSNorm: lane (w, l) owns x[64*w + 2*l : +2]; 32-lane butterfly,
-        # then an 8-way butterfly over the warp partials.
+
+@triton.jit
+def _c128_store_kernel(
+    scratch_ptr,
+    t2r_ptr,
+    n_req_idx,
+    pos_ptr,
+    n_pos,
+    slot_ptr,
+    w_ptr,
+    eps,
+    cs_ptr,
+    cs_stride,
+    k_ptr,
+    kv_slot_ptr,
+    n_kv_slots,
+    kv_block_size,
+    kv_block_stride,
+    HEAD: tl.constexpr,
+    COMPRESS_RATIO: tl.constexpr,
+    ROPE: tl.constexpr,
+    QB: tl.constexpr,
+    TOKEN_STRIDE: tl.constexpr,
+    SCALE_DIM: tl.constexpr,
+):
+    """Stage 2 (per token): RMSNorm (2-element lane sums, 32-lane butterfly,
+    8-way butterfly), UE8M0 FP8 NoPE, bf16 RoPE."""
+    tl.static_assert(HEAD == 512)
+    tok = tl.program_id(0)
+    active, position, kv_slot = _c128_active(slot_ptr, pos_ptr, n_pos, n_req_idx, kv_slot_ptr,
+                                             n_kv_slots, tok, COMPRESS_RATIO)
+    if active:
+        cols = tl.arange(0, HEAD)
+        x = tl.load(scratch_ptr + tok.to(tl.int64) * HEAD + cols)
         x0, x1 = tl.split(tl.reshape(x, (HEAD // 2, 2)))
         lane_ss = x0 * x0 + x1 * x1
         per_warp = _butterfly_sum32(tl.reshape(lane_ss, (8, 32)), 8)
@@ -306,6 +340,7 @@ def compress_store_fp8_ds_mla(
     head_dim: int = 512,
     rope_head_dim: int = 64,
     num_actual: int | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> None:
     """Compress + RMSNorm + RoPE + UE8M0 FP8 + insert into the 584-B record.
 
@@ -336,34 +371,31 @@ def compress_store_fp8_ds_mla(
     n = slot_mapping.shape[0] if num_actual is None else num_actual
     if n == 0:
         return
-    kernel = _c4_compress_store_kernel if compress_ratio == 4 else _c128_compress_store_kernel
-    kernel[(n,)](
-        state_cache,
-        state_cache.stride(0),
-        state_cache.stride(1),
-        token_to_req_indices,
-        token_to_req_indices.shape[0],
-        positions,
-        positions.shape[0],
-        slot_mapping,
-        block_table,
-        block_table.stride(0),
-        block_size,
-        rms_norm_weight,
-        rms_norm_eps,
-        cos_sin_cache,
-        cos_sin_cache.stride(0),
-        kv_cache,
-        kv_slot_mapping,
-        kv_slot_mapping.shape[0],
-        kv_cache.shape[1],
-        kv_cache.stride(0),
-        HEAD=head_dim,
-        STATE_WIDTH=state_width,
-        COMPRESS_RATIO=compress_ratio,
-        ROPE=rope_head_dim,
-        QB=64,
-        TOKEN_STRIDE=576,
-        SCALE_DIM=8,
-        num_warps=4 if compress_ratio == 4 else 8,
+    common = (token_to_req_indices, token_to_req_indices.shape[0], positions, positions.shape[0],
+              slot_mapping)
+    if compress_ratio == 4:
+        _c4_compress_store_kernel[(n,)](
+            state_cache, state_cache.stride(0), state_cache.stride(1), *common,
+            block_table, block_table.stride(0), block_size, rms_norm_weight, rms_norm_eps,
+            cos_sin_cache, cos_sin_cache.stride(0), kv_cache, kv_slot_mapping,
+            kv_slot_mapping.shape[0], kv_cache.shape[1], kv_cache.stride(0),
+            HEAD=head_dim, STATE_WIDTH=state_width, COMPRESS_RATIO=compress_ratio,
+            ROPE=rope_head_dim, QB=64, TOKEN_STRIDE=576, SCALE_DIM=8, num_warps=4,
+        )
+        return
+    if scratch is None or scratch.shape[0] < n:
+        scratch = torch.empty((n, head_dim), dtype=torch.float32, device=state_cache.device)
+    _c128_compress_kernel[(n, head_dim // 64)](
+        state_cache, state_cache.stride(0), state_cache.stride(1), *common,
+        block_table, block_table.stride(0), block_size, kv_slot_mapping,
+        kv_slot_mapping.shape[0], scratch,
+        HEAD=head_dim, STATE_WIDTH=state_width, COMPRESS_RATIO=compress_ratio, HEAD_TILE=64,
+        num_warps=4,
+    )
+    _c128_store_kernel[(n,)](
+        scratch, *common, rms_norm_weight, rms_norm_eps, cos_sin_cache,
+        cos_sin_cache.stride(0), kv_cache, kv_slot_mapping, kv_slot_mapping.shape[0],
+        kv_cache.shape[1], kv_cache.stride(0),
+        HEAD=head_dim, COMPRESS_RATIO=compress_ratio, ROPE=rope_head_dim, QB=64,
+        TOKEN_STRIDE=576, SCALE_DIM=8, num_warps=8,
     )
