@@ -405,3 +405,13 @@ def test_patch_touching_generated_file_is_rejected(synth):
     assert "2 of 5 patches do not apply" in text
     assert "vllm/_version.py" in text and "vllm.egg-info/PKG-INFO" in text
     assert "generated files" in text and "fix: edit" in text
+
+
+def test_base_commit_does_not_depend_on_cache_location(synth, monkeypatch, tmp_path):
+    base1 = _apply(synth).state["base"]
+    other = tmp_path / "elsewhere" / "cache"
+    (other / "sdists").mkdir(parents=True)
+    (other / "sdists" / synth.sdist.name).write_bytes(synth.sdist.read_bytes())
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(other))
+    ap.clean(build=synth.build)
+    assert _apply(synth).state["base"] == base1

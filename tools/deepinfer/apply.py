@@ -506,7 +506,7 @@ def apply(version: str, spec: source.SourceSpec, force: bool = False,
     return result
 
 
-BASE_CACHE_FORMAT = 1
+BASE_CACHE_FORMAT = 2
 
 
 def _base_cache_dir(desc: str) -> Path:

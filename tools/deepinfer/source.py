@@ -504,7 +504,8 @@ class SourceInfo:
     kind: str
     description: str   # stable identity of the input (goes into the fingerprint)
     commit: str         # upstream commit as verified (short or full)
-    label: str          # for people
+    label: str          # for people; no local paths for sdist/git (it goes into the
+                        # base commit message, whose id must not depend on the machine)
 
 
 def _git(*args: str, cwd: Path | None = None) -> str:
@@ -592,14 +593,15 @@ def materialize(spec: SourceSpec, pin: Pin, dest: Path) -> SourceInfo:
         sdist = ensure_sdist(pin)
         safe_extract(sdist, dest, strip_prefix=f"{pin.package}-{pin.version}")
         commit = verify_version_file(dest, pin, f"sdist {sdist.name}")
-        return SourceInfo("sdist", describe(spec, pin), commit, f"sdist {sdist}")
+        return SourceInfo("sdist", describe(spec, pin), commit,
+                          f"sdist {sdist.name} sha256:{pin.sdist_sha256}")
     if spec.kind == "git":
         url = spec.git_url or pin.git_url
         if not url:
             raise DeepinferError("SOURCE=git needs a git URL", hint="set GIT_URL= or git_url "
                                  "in pin.toml")
         commit = _fetch_git(pin, url, dest)
-        return SourceInfo("git", describe(spec, pin), commit, f"git {url} {commit}")
+        return SourceInfo("git", describe(spec, pin), commit, f"git {pin.git_tag} {commit}")
     assert spec.path is not None
     src = spec.path
     if not src.is_dir():
