@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "cache/cache_kernels.h"
 #include "common/fp8_e4m3.cuh"
@@ -92,19 +93,29 @@ __device__ __forceinline__ uint32_t scale_byte(uint2 s, int g) {
   return ((g < 4 ? s.x : s.y) >> (8 * (g & 3))) & 0xFFu;
 }
 
+template <bool kStreaming>
+__device__ __forceinline__ void store16(void* p, uint4 v) {
+  if (kStreaming) {
+    st_cs_v4(p, v);
+  } else {
+    st_v4(p, v);
+  }
+}
+
+template <bool kStreaming>
 __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane) {
   const int g = lane >> 3;
-  st_v4(out_row + 8 * lane, decode8(e.a, scale_byte(e.scales, g)));
+  store16<kStreaming>(out_row + 8 * lane, decode8(e.a, scale_byte(e.scales, g)));
   uint4 hi;
   if (lane < 24) {
     hi = decode8(make_uint2(e.b.x, e.b.y), scale_byte(e.scales, 4 + g));
   } else {
     hi = e.b;
   }
-  st_v4(out_row + 256 + 8 * lane, hi);
+  store16<kStreaming>(out_row + 256 + 8 * lane, hi);
 }
 
-template <int kInFlight>
+template <int kInFlight, bool kStreaming>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -155,19 +166,19 @@ gather_k_kernel(const GatherKParams p) {
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (has[j]) {
-          store_entry(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane);
+          store_entry<kStreaming>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane);
         }
       }
     }
   }
 }
 
-template <int kInFlight>
+template <int kInFlight, bool kStreaming>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_kernel<kInFlight>, kThreads,
-                                                      0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, gather_k_kernel<kInFlight, kStreaming>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -176,25 +187,30 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-template <int kInFlight>
+template <int kInFlight, bool kStreaming>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
-  const int64_t total = static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight>();
+  const int64_t total =
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p);
 }
 
-// Entries each warp keeps in flight (loads issued before the stores). A tuning knob for
-// benchmarks: $DEEPINFER_GATHER_INFLIGHT = 2 or 4 (default 4), read once per process.
-int entries_in_flight() {
+// Tuning knobs for benchmarks, read once per process:
+//   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 (default 4): entries a warp keeps in flight;
+//   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows.
+int gather_variant() {
   static int v = [] {
     const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
-    return (e != nullptr && std::atoi(e) == 2) ? 2 : 4;
+    const char* st = std::getenv("DEEPINFER_GATHER_STORE");
+    const int inflight = (e != nullptr && std::atoi(e) == 2) ? 2 : 4;
+    const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
+    return inflight + (cs ? 1 : 0);
   }();
   return v;
 }
@@ -203,10 +219,11 @@ int entries_in_flight() {
 
 void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   if (p.num_reqs <= 0) return;
-  if (entries_in_flight() == 2) {
-    launch<2>(p, lim, stream);
-  } else {
-    launch<4>(p, lim, stream);
+  switch (gather_variant()) {
+    case 2: launch<2, false>(p, lim, stream); break;
+    case 3: launch<2, true>(p, lim, stream); break;
+    case 5: launch<4, true>(p, lim, stream); break;
+    default: launch<4, false>(p, lim, stream); break;
   }
 }
 

@@ -35,18 +35,26 @@ if [ "$MODE" = all ] || [ "$MODE" = test ]; then
     tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py >"$OUT/test.log" 2>&1
   echo "tests rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "^(E  |FAILED|ERROR|SKIPPED)|passed|failed|seed" "$OUT/test.log" | head -40
+  # the gather kernel's other compiled variants (benchmark knobs) must be exact too
+  for v in "2 plain" "2 cs" "4 cs"; do
+    set -- $v
+    DEEPINFER_GATHER_INFLIGHT=$1 DEEPINFER_GATHER_STORE=$2 python3 -m pytest -q -p no:cacheprovider \
+      -k "gather" tests/gpu/test_cache_kernels.py >"$OUT/test_gather_$1_$2.log" 2>&1
+    echo "gather variant inflight=$1 store=$2: rc=$? $(tail -1 "$OUT/test_gather_$1_$2.log")"
+  done
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  # GATHER_INFLIGHT_LIST="2 4" times both gather variants (csrc/cache/gather_k.cu knob)
-  for inflight in ${GATHER_INFLIGHT_LIST:-4}; do
+  # GATHER_VARIANTS="4:plain 4:cs" times gather variants (csrc/cache/gather_k.cu knobs)
+  for v in ${GATHER_VARIANTS:-4:plain}; do
+    inflight=${v%%:*}; store=${v##*:}
     t0=$(date +%s)
-    DEEPINFER_GATHER_INFLIGHT=$inflight python3 bench/bench_cache.py --no-doc ${BENCH_ARGS:-} \
-      >"$OUT/bench_inflight$inflight.log" 2>&1
-    echo "bench (gather in flight $inflight) rc=$? in $(( $(date +%s) - t0 )) s"
+    DEEPINFER_GATHER_INFLIGHT=$inflight DEEPINFER_GATHER_STORE=$store \
+      python3 bench/bench_cache.py --no-doc ${BENCH_ARGS:-} >"$OUT/bench_${inflight}_$store.log" 2>&1
+    echo "bench (gather in flight $inflight, store $store) rc=$? in $(( $(date +%s) - t0 )) s"
     for f in bench/results/bench_cache_*.json; do
-      [ -e "$f" ] && mv "$f" "$OUT/inflight${inflight}_$(basename "$f")"
+      [ -e "$f" ] && mv "$f" "$OUT/g${inflight}${store}_$(basename "$f")"
     done
-    grep -E "^- (Device|Date|Command)|^\| (dequant|combine)|FAIL" "$OUT/bench_inflight$inflight.log"
+    grep -E "^- (Device|Date|Command)|^\| (dequant|combine)|FAIL" "$OUT/bench_${inflight}_$store.log"
   done
 fi
