@@ -103,10 +103,20 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
       return -1;
     };
     if (kVec4) {
+      // Chunks past the top-k part need no top-k value: store them first, while the
+      // top-k loads may still be in flight; then the chunks that use them.
 #pragma unroll
       for (int i = 0; i < kHeld; ++i) {
         const int c = (i * 32 + lane) * 4;
-        if (c < p.width) {
+        if (c < p.width && c >= plan.k) {
+          *reinterpret_cast<int4*>(dst + c) =
+              make_int4(value(c, 0), value(c + 1, 0), value(c + 2, 0), value(c + 3, 0));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        if (c < p.width && c < plan.k) {
           const int4 tv = held[i];
           *reinterpret_cast<int4*>(dst + c) = make_int4(
               value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z), value(c + 3, tv.w));
