@@ -1,0 +1,192 @@
+"""Dispatch decisions of the patched vLLM 0.33.0 tree vs the pristine one (CPU).
+
+Both trees come from one `deepinfer apply` into a temporary build directory: the
+patched tree is its HEAD (base + series + overlay), the pristine tree is its base
+commit. Each tree is imported in a subprocess with vLLM's pure-Python dependencies
+and a CUDA platform mocked to capabilities 12.0, 10.0, 9.0, 8.6 and 8.0
+(tests/vllm_cpu_harness.py), once with stand-in ``cutlass``/``deep_gemm`` packages
+installed and once without.
+
+- 8.0 / 8.6: every selection point picks the SM80 implementation (expectations below),
+  and the pristine tree decides differently at each of them (so reverting a patch
+  flips a decision this test checks).
+- 9.0 / 10.0 / 12.0: every decision equals the pristine tree's.
+
+Marked ``network``: the apply needs the vLLM sdist (downloaded once, then cached).
+"""
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vllm_cpu_harness as harness
+
+pytestmark = pytest.mark.network
+
+SM8X = ("8.6", "8.0")
+SM9PLUS = ("12.0", "10.0", "9.0")
+#: Newest first: a decision cached by an earlier capability would leak into SM8x and
+#: break the SM8x expectations (a mismatch, never a false agreement).
+CAPABILITIES = list(SM9PLUS + SM8X)
+
+AMPERE_CLS = "vllm.models.deepseek_v4.nvidia.ampere_sparse.DeepseekV4AmpereSparseAttention"
+
+
+def _refused(decision: Any, *words: str) -> bool:
+    return (isinstance(decision, dict) and decision.get("error") == "ValueError"
+            and all(w in decision["message"] for w in words))
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip("vLLM's pure-Python dependencies are not installed "
+                    f"({', '.join(missing)}); run `make venv-torch` or "
+                    "`pip install -e '.[vllm-cpu-deps]'`")
+    from deepinfer import apply as ap
+    from deepinfer import source
+
+    build = tmp_path_factory.mktemp("build")
+    res = ap.apply(harness.VLLM_VERSION, source.SourceSpec.parse("sdist"), build=build)
+    patched = res.tree
+    pristine = tmp_path_factory.mktemp("pristine")
+    archive = pristine / "base.tar"
+    subprocess.run(["git", "-C", str(patched), "archive", "-o", str(archive),
+                    "refs/deepinfer/base", "vllm"], check=True)
+    with tarfile.open(archive) as tf:
+        tf.extractall(pristine, filter="data")
+    archive.unlink()
+    return {"pristine": pristine, "patched": patched}
+
+
+@pytest.fixture(scope="module")
+def decisions(trees: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[tuple[str, str], dict[str, Any]]:
+    """(tree, "installed"|"absent") -> capability -> probe -> decision."""
+    fakes = harness.make_fake_packages(tmp_path_factory.mktemp("site"))
+    jobs = {(t, inst): (trees[t], fakes if inst == "installed" else None)
+            for t in trees for inst in ("installed", "absent")}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {key: pool.submit(harness.run_probes, tree, CAPABILITIES,
+                                    installed=installed)
+                   for key, (tree, installed) in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+# ------------------------------------------------------------------------- SM90+ same
+
+
+@pytest.mark.parametrize("installed", ["installed", "absent"])
+@pytest.mark.parametrize("cap", SM9PLUS)
+def test_sm90_plus_decisions_equal_upstream(decisions, cap: str, installed: str) -> None:
+    patched = decisions[("patched", installed)][cap]
+    pristine = decisions[("pristine", installed)][cap]
+    for probe, want in pristine.items():
+        got = patched[probe]
+        if probe == "attention_warmup":
+            got = {k: v for k, v in got.items() if k in want}  # the SM80 backend is new
+        assert got == want, f"{probe} at {cap} ({installed}): patched {got} != {want}"
+    # Probes that error out in both trees would compare equal without testing anything.
+    errored = [p for p, d in pristine.items() if isinstance(d, dict) and "error" in d]
+    assert not errored, f"probes failed to run: {errored}"
+
+
+# ---------------------------------------------------------------------- SM8x: Ampere
+
+
+def _expect_sm8x(d: dict[str, Any]) -> list[str]:
+    """Return the list of violated expectations for one SM8x capability."""
+    bad = []
+
+    def check(cond: bool, what: str) -> None:
+        if not cond:
+            bad.append(what)
+
+    attn = d["attn_cls"]
+    check(attn["None"] == AMPERE_CLS, f"default backend -> {attn['None']}")
+    check(attn["TRITON_MLA"] == AMPERE_CLS, f"unrelated backend -> {attn['TRITON_MLA']}")
+    for b in ("FLASHMLA_SPARSE", "FLASHMLA_SPARSE_DSV4", "FLASHINFER_MLA_SPARSE_DSV4"):
+        check(_refused(attn[b], b, "9.0", "Leave the attention backend unset"),
+              f"{b} not refused: {attn[b]}")
+    for b in ("FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120"):
+        check(_refused(attn[b], "not a DeepSeek V4 attention backend"), f"{b}: {attn[b]}")
+    check(d["gather"] == "triton", f"gather -> {d['gather']}")
+    check(d["indexer_q"] == {"fp8": "triton_fp8", "mxfp4": "triton_mxfp4"},
+          f"indexer_q -> {d['indexer_q']}")
+    check(d["compressor_store"] == {"512": "triton", "128": "triton"},
+          f"compressor store -> {d['compressor_store']}")
+    save = "warmup:SavePartialStatesKernel.kernel"
+    check(all(v == [save] for v in d["compressor_warmup"].values()),
+          f"compressor warmups -> {d['compressor_warmup']}")
+    check(d["indexer_warmup"] == {"fp8": [], "mxfp4": []},
+          f"indexer warmups -> {d['indexer_warmup']}")
+    ampere_warm = d["attention_warmup"].get("ampere", [])
+    check(bool(ampere_warm) and not any("CUTEDSL" in w or "Dequantize" in w or "Combine" in w
+                                        for w in ampere_warm),
+          f"SM80 attention warmups -> {ampere_warm}")
+    check("warmup:_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
+          not in d["attention_warmup"]["FLASHMLA_SPARSE_DSV4"],
+          "CuTeDSL gather warmed up below 9.0")
+    check(d["tile_scheduler"] == "calls=0 types=-", f"tile scheduler -> {d['tile_scheduler']}")
+    check(d["indexer_decode_metadata"] == "none",
+          f"DeepGEMM schedule metadata -> {d['indexer_decode_metadata']}")
+    check(d["inv_rope_warmup"] and all(not k["quantize"] for k in d["inv_rope_warmup"]),
+          f"inverse RoPE warmup keys -> {d['inv_rope_warmup']}")
+    check(d["o_proj"] == {"fp8": "!RuntimeError", "int32": "!RuntimeError",
+                          "bf16": "inv_rope(quantize=False)+wo_b"}, f"o_proj -> {d['o_proj']}")
+    check(str(d["sparse_indexer_init"]).startswith("refused:")
+          and "9.0" in d["sparse_indexer_init"],
+          f"DeepGEMM indexer -> {d['sparse_indexer_init']}")
+    return bad
+
+
+@pytest.mark.parametrize("cap", SM8X)
+def test_sm8x_selects_ampere_with_cutlass_and_deep_gemm_installed(decisions, cap: str
+                                                                   ) -> None:
+    assert _expect_sm8x(decisions[("patched", "installed")][cap]) == []
+
+
+@pytest.mark.parametrize("cap", SM8X)
+def test_sm8x_selects_ampere_without_them(decisions, cap: str) -> None:
+    d = decisions[("patched", "absent")][cap]
+    bad = _expect_sm8x(d)
+    # Without deep_gemm the refusal is upstream's own message.
+    bad = [b for b in bad if not b.startswith("DeepGEMM indexer")]
+    assert str(d["sparse_indexer_init"]).startswith("refused:")
+    assert bad == []
+
+
+@pytest.mark.parametrize("cap", SM8X)
+def test_pristine_tree_decides_otherwise_on_sm8x(decisions, cap: str) -> None:
+    """The expectations fail on the unpatched tree, probe by probe: each patch is
+    needed for the decisions it is tested for."""
+    d = decisions[("pristine", "installed")][cap]
+    assert d["attn_cls"]["None"].endswith("DeepseekV4FlashMLAAttention")
+    assert d["gather"] == "_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
+    assert d["indexer_q"]["fp8"] == "_INDEXER_Q_FP8_KERNEL"
+    assert d["compressor_store"]["512"] == "_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL"
+    assert d["indexer_warmup"]["fp8"] == ["warmup:_INDEXER_Q_FP8_KERNEL"]
+    assert d["tile_scheduler"] == "calls=2 types=c4a,swaonly"
+    assert d["indexer_decode_metadata"] == "deep_gemm_schedule"
+    assert d["inv_rope_warmup"][0]["quantize"] is True
+    assert "fp8_einsum" in d["o_proj"]["fp8"]
+    assert d["sparse_indexer_init"] == "constructed"
+    absent = decisions[("pristine", "absent")][cap]
+    assert absent["indexer_warmup"]["fp8"] == ["warmup:FusedIndexerQRopeQuantTritonKernel.kernel"]
+    assert any("indexer_attn" in w for w in absent["compressor_warmup"]["128/c4"])
+    # and the SM8x expectations reject the pristine decisions
+    assert len(_expect_sm8x(d)) >= 10
+
+
+def test_multi_capability_process_matches_a_fresh_one(trees, decisions, tmp_path_factory
+                                                       ) -> None:
+    """No decision leaks from one probed capability into the next."""
+    fakes = harness.make_fake_packages(tmp_path_factory.mktemp("site1"))
+    fresh = harness.run_probes(trees["patched"], ["8.0"], installed=fakes)
+    assert fresh["8.0"] == decisions[("patched", "installed")]["8.0"]

@@ -1,0 +1,679 @@
+"""Import a vLLM source tree on a CPU-only machine and record its dispatch decisions.
+
+Used by tests/test_dispatch*.py and tests/test_gates*.py to compare the pristine
+vLLM 0.33.0 tree with the patched one (``make apply``) under a mocked CUDA platform of
+a chosen compute capability. Needs vLLM's pure-Python dependencies (the
+``vllm-cpu-deps`` extra of pyproject.toml) and torch; not vLLM's compiled parts.
+
+Each tree is probed in its own subprocess (``python tests/vllm_cpu_harness.py --tree
+T --capability 9.0 --capability 8.0 ...``), because vLLM binds ``current_platform``
+and caches package lookups at import time. The child:
+
+1. puts the tree (and optionally a directory of empty stand-in packages ``cutlass``
+   and ``deep_gemm``, i.e. "installed") first on ``sys.path``;
+2. registers empty modules for the compiled extensions the import chain reaches
+   (``vllm._C_stable_libtorch``, ``vllm._moe_C_stable_libtorch``);
+3. installs a CUDA platform whose ``get_device_capability`` returns the capability
+   being probed (everything else is vLLM's own ``NonNvmlCudaPlatform``);
+4. for each requested capability in turn, runs every probe in :data:`PROBES` and
+   prints one JSON object: capability -> probe name -> decision (a string or a small
+   structure), or ``{"error": ...}`` when the code under test raised.
+
+One process probes several capabilities (imports dominate the cost). A decision cached
+across capabilities would show up as a mismatch, never as a false agreement, because
+the tests compare a fresh single-capability process with the multi-capability one.
+
+A probe calls the real decision code of the tree (selector functions, dispatch
+functions, ``__init__`` warmup registration) with the kernels it would launch replaced
+by recorders, so the decision is observed, not re-derived.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+VLLM_VERSION = "0.33.0"
+
+#: Importable names of the pure-Python dependencies the DeepSeek-V4 import chain
+#: reaches (pyproject.toml extra ``vllm-cpu-deps``), checked before probing.
+REQUIRED_MODULES = (
+    "regex", "pydantic", "cbor2", "psutil", "zmq", "transformers", "aiohttp", "requests",
+    "openai_harmony", "openai", "PIL", "pybase64", "cachetools", "msgspec", "cloudpickle",
+    "cpuinfo", "prometheus_client", "fastapi", "partial_json_parser", "einops", "triton",
+)
+
+#: ``vllm._custom_ops`` capability queries called at import time -> minimum capability.
+_CAPABILITY_QUERIES = {
+    "cutlass_scaled_mm_supports_fp8": 89,
+    "cutlass_scaled_mm_supports_block_fp8": 90,
+    "cutlass_group_gemm_supported": 90,
+}
+
+#: Modules backed by compiled vLLM extensions that the import chain imports
+#: unconditionally on CUDA -> the names importers take from them. Registered as
+#: stand-ins whose functions raise when called (no probe calls them).
+_STUB_MODULES: dict[str, tuple[str, ...]] = {
+    "vllm._C_stable_libtorch": (),
+    "vllm._moe_C_stable_libtorch": (),
+    "vllm.vllm_flash_attn": (
+        "compile_flash_attn_varlen_func_from_specs", "flash_attn_varlen_func",
+        "get_scheduler_metadata", "fa_version_unsupported_reason",
+        "is_fa_version_supported"),
+}
+
+
+def missing_dependencies() -> list[str]:
+    """Names from :data:`REQUIRED_MODULES` that do not import here."""
+    import importlib.util
+
+    missing = []
+    for name in REQUIRED_MODULES + ("torch",):
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+def make_fake_packages(root: Path, names: tuple[str, ...] = ("cutlass", "deep_gemm")) -> Path:
+    """Empty packages that make ``has_cutedsl()`` / ``has_deep_gemm()`` report True."""
+    for name in names:
+        pkg = root / name
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text(
+            '"""Empty stand-in: tests need the package to be importable, not usable."""\n')
+    return root
+
+
+def run_probes(tree: Path, capabilities: list[str], *, installed: Path | None = None,
+               probes: tuple[str, ...] = (), timeout: float = 900) -> dict[str, Any]:
+    """Run :data:`PROBES` (or the named subset) against ``tree`` in one subprocess, for
+    each capability (``"8.0"``...); returns capability -> probe -> decision."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree)]
+    for cap in capabilities:
+        cmd += ["--capability", cap]
+    if installed is not None:
+        cmd += ["--installed", str(installed)]
+    for p in probes:
+        cmd += ["--probe", p]
+    env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Triton would look for a driver; vLLM then disables Triton. An empty device list
+    # is vLLM's "distributed, devices not visible yet" case, which keeps Triton enabled.
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=str(Path(__file__).resolve().parent))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"probing {tree} at capabilities {capabilities} failed (exit {proc.returncode}):\n"
+            f"{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+# ----------------------------------------------------------------------------- child
+
+
+_CAPABILITY: list[int] = [0, 0]
+
+
+def _boot(tree: Path, installed: Path | None) -> None:
+    sys.path.insert(0, str(tree))
+    if installed is not None:
+        sys.path.insert(0, str(installed))
+    for name, attrs in _STUB_MODULES.items():
+        module = types.ModuleType(name)
+        module.__doc__ = "CPU test stand-in for a compiled vLLM extension"
+        for attr in attrs:
+            setattr(module, attr, _unavailable(f"{name}.{attr}"))
+        sys.modules.setdefault(name, module)
+
+    import vllm
+    if Path(vllm.__file__).resolve().parent != (tree / "vllm").resolve():
+        raise RuntimeError(f"imported vllm from {vllm.__file__}, expected {tree}/vllm")
+
+    import vllm.platforms as platforms
+    from vllm.platforms.cuda import NonNvmlCudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    class MockedCudaPlatform(NonNvmlCudaPlatform):
+        """vLLM's CUDA platform with the probed device capability, no device calls."""
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(major=_CAPABILITY[0], minor=_CAPABILITY[1])
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return f"mocked sm_{_CAPABILITY[0]}{_CAPABILITY[1]}"
+
+    platforms._current_platform = MockedCudaPlatform()
+
+    # Capability queries that modules answer at import time through compiled ops.
+    # Python stand-ins with the thresholds of vLLM's csrc; the probed decisions do not
+    # depend on them (they pick linear-layer kernels).
+    import vllm._custom_ops as ops
+
+    for name, threshold in _CAPABILITY_QUERIES.items():
+        setattr(ops, name, lambda capability, _t=threshold: capability >= _t)
+
+
+def _unavailable(name: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name} is compiled code, not available in the CPU harness")
+    return fail
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    return repr(obj)
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"error": type(exc).__name__, "message": str(exc).splitlines()[0][:300]
+            if str(exc) else ""}
+
+
+class Recorder:
+    """Stands in for a kernel object or function: calling it (or its
+    ``register_warmup``) appends ``name`` to the shared log."""
+
+    def __init__(self, name: str, log: list[str], result: Any = None) -> None:
+        self._name, self._log, self._result = name, log, result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._log.append(self._name)
+        return self._result(*args, **kwargs) if callable(self._result) else self._result
+
+    def register_warmup(self, *args: Any, **kwargs: Any) -> None:
+        self._log.append(f"warmup:{self._name}")
+
+
+class RecorderModule(types.ModuleType):
+    """A module whose every attribute is a :class:`Recorder` named after it; stands in
+    for the CuTeDSL kernel modules, which import ``cutlass`` at module level."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__(name)
+        self._log = log
+
+    def __getattr__(self, attr: str) -> Recorder:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Recorder(attr, self._log)
+
+
+@contextlib.contextmanager
+def _patched(items: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    saved = []
+    for obj, name, value in items:
+        if isinstance(obj, dict):
+            saved.append((obj, name, obj.get(name, _MISSING)))
+            obj[name] = value
+        else:
+            saved.append((obj, name, getattr(obj, name, _MISSING)))
+            setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, old in reversed(saved):
+            if isinstance(obj, dict):
+                if old is _MISSING:
+                    obj.pop(name, None)
+                else:
+                    obj[name] = old
+            elif old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _recording_warmups(log: list[str]) -> Iterator[None]:
+    """Every real JIT kernel's ``register_warmup`` appends its name instead."""
+    from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+
+    def record(self: Any, *args: Any, **kwargs: Any) -> None:
+        log.append(f"warmup:{_kernel_name(self)}")
+
+    with _patched([(VllmJitKernel, "register_warmup", record)]):
+        yield
+
+
+def _kernel_name(kernel: Any) -> str:
+    for attr in ("kernel", "fn", "_fn"):
+        fn = getattr(kernel, attr, None)
+        inner = getattr(fn, "fn", fn)
+        name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return type(kernel).__qualname__
+
+
+def _fake_modules(log: list[str], *names: str) -> list[tuple[Any, str, Any]]:
+    return [(sys.modules, n, RecorderModule(n, log)) for n in names]
+
+
+_CUTEDSL_OPS = "vllm.models.deepseek_v4.nvidia.ops."
+
+
+# ------------------------------------------------------------------------------ probes
+
+
+def probe_attn_cls() -> dict[str, Any]:
+    """``_select_dsv4_attn_cls`` for the default and every sparse-MLA backend choice."""
+    from vllm.models.deepseek_v4.nvidia import model
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    out: dict[str, Any] = {}
+    for name in (None, "FLASHMLA_SPARSE", "FLASHMLA_SPARSE_DSV4",
+                 "FLASHINFER_MLA_SPARSE_DSV4", "FLASHINFER_MLA_SPARSE",
+                 "FLASHINFER_MLA_SPARSE_SM120", "TRITON_MLA"):
+        backend = None if name is None else getattr(E, name)
+        cfg = types.SimpleNamespace(attention_config=types.SimpleNamespace(backend=backend))
+        try:
+            out[str(name)] = _describe(model._select_dsv4_attn_cls(cfg))
+        except Exception as exc:  # the decision may be a refusal
+            out[str(name)] = _error(exc)
+    return out
+
+
+def probe_gather() -> str:
+    """Which kernel ``dequantize_and_gather_k_cache`` launches."""
+    import torch
+
+    from vllm.models.deepseek_v4.common.ops import cache_utils
+
+    log: list[str] = []
+    with _patched(_fake_modules(log, _CUTEDSL_OPS + "dequant_gather_k_cutedsl") + [
+            (cache_utils, "_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL",
+             Recorder("triton", log))]):
+        cache_utils.dequantize_and_gather_k_cache(
+            torch.empty(1, 4, 512, dtype=torch.bfloat16),
+            torch.empty(1, 256 * 584, dtype=torch.uint8), torch.ones(1, dtype=torch.int32),
+            None, torch.zeros(1, 1, dtype=torch.int32), 64, 0)
+    return "+".join(log)
+
+
+def probe_indexer_q() -> dict[str, str]:
+    """Which kernel ``fused_indexer_q_rope_quant`` launches (FP8 and MXFP4 caches)."""
+    import torch
+
+    from vllm.models.deepseek_v4.common.ops import fused_indexer_q as fiq
+
+    out = {}
+    for use_fp4 in (False, True):
+        log: list[str] = []
+        with _patched(_fake_modules(log, _CUTEDSL_OPS + "fused_indexer_q_cutedsl") + [
+                (fiq, "_FUSED_INDEXER_Q_ROPE_QUANT_TRITON_KERNEL", Recorder("triton_fp8", log)),
+                (fiq, "_FUSED_INDEXER_Q_ROPE_MXFP4_TRITON_KERNEL",
+                 Recorder("triton_mxfp4", log))]):
+            try:
+                fiq.fused_indexer_q_rope_quant(
+                    torch.zeros(2, dtype=torch.int64),
+                    torch.zeros(2, 4, 128, dtype=torch.bfloat16),
+                    torch.zeros(8, 64, dtype=torch.float32),
+                    torch.zeros(2, 4, dtype=torch.bfloat16), 128 ** -0.5, 4 ** -0.5,
+                    use_fp4=use_fp4)
+                out["mxfp4" if use_fp4 else "fp8"] = "+".join(log)
+            except Exception as exc:
+                out["mxfp4" if use_fp4 else "fp8"] = f"{'+'.join(log)}!{type(exc).__name__}"
+    return out
+
+
+def probe_compressor_store() -> dict[str, str]:
+    """Which writer ``DeepseekCompressor._compress_norm_rope_store`` calls."""
+    import torch
+
+    from vllm.models.deepseek_v4 import compressor as comp
+
+    out = {}
+    for head_dim in (512, 128):
+        log: list[str] = []
+        layer = types.SimpleNamespace(kv_cache=torch.empty(1, 8, dtype=torch.uint8))
+        me = types.SimpleNamespace(
+            head_dim=head_dim, rope_head_dim=64, compress_ratio=4, overlap=True,
+            use_fp4_cache=False, rms_norm_eps=1e-6, _quant_block=64, _token_stride=576,
+            _scale_dim=8, norm=types.SimpleNamespace(weight=None), k_cache_prefix="k",
+            _static_forward_context={"k": layer}, _use_two_stage_fused_compressor=False,
+            _compress_scratch=None)
+        md = types.SimpleNamespace(token_to_req_indices=None,
+                                   slot_mapping=torch.zeros(1, dtype=torch.int64),
+                                   block_table=None, block_size=64, num_decode_tokens=0)
+        with _patched(_fake_modules(log, _CUTEDSL_OPS + "sparse_attn_compress_cutedsl") + [
+                (comp, "compress_norm_rope_store_triton", Recorder("triton", log)),
+                (comp, "compress_norm_rope_store_two_stage_triton",
+                 Recorder("triton_two_stage", log))]):
+            comp.DeepseekCompressor._compress_norm_rope_store(
+                me, md, torch.empty(1), 1, torch.zeros(1, dtype=torch.int64),
+                types.SimpleNamespace(cos_sin_cache=None), {"k": None}, {})
+        out[str(head_dim)] = "+".join(log)
+    return out
+
+
+def probe_compressor_warmup() -> dict[str, list[str]]:
+    """Kernels ``DeepseekCompressor.__init__`` registers for JIT warmup."""
+    import torch
+
+    from vllm.models.deepseek_v4 import compressor as comp
+
+    out = {}
+    for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
+        log: list[str] = []
+        cfg = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(
+                hf_config=types.SimpleNamespace(qk_rope_head_dim=64, rms_norm_eps=1e-6),
+                max_model_len=4096),
+            scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
+            kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
+            cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla"),
+            compilation_config=types.SimpleNamespace(static_forward_context={}))
+
+        class _Stub(torch.nn.Module):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__()
+                self.weight = None
+
+        with _recording_warmups(log), _patched(
+                _fake_modules(log, _CUTEDSL_OPS + "sparse_attn_compress_cutedsl") + [
+                    (comp, "MergedColumnParallelLinear", _Stub), (comp, "RMSNorm", _Stub),
+                    (comp, "CompressorStateCache", _Stub),
+                    (type(_current_platform()), "device_type", "cpu")]):
+            try:
+                comp.DeepseekCompressor(cfg, ratio, 4096, head_dim, rotate=True,
+                                        prefix="c", k_cache_prefix="k")
+                out[f"{head_dim}/c{ratio}"] = log
+            except Exception as exc:
+                out[f"{head_dim}/c{ratio}"] = log + [f"!{type(exc).__name__}: {exc}"[:200]]
+    return out
+
+
+def probe_indexer_warmup() -> dict[str, list[str]]:
+    """Kernels ``DeepseekV4Indexer.__init__`` registers for JIT warmup: the CuTeDSL
+    index-Q kernel, or through ``_register_q_quant_warmup`` the Triton one."""
+    import torch
+
+    from vllm.models.deepseek_v4 import attention
+
+    class _Stub(torch.nn.Module):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+            self.prefix = kwargs.get("prefix", "")
+
+    class Indexer(attention.DeepseekV4Indexer):
+        def _get_cache_cls(self) -> Any:
+            return _Stub
+
+        def _get_compressor_cls(self) -> Any:
+            return _Stub
+
+        def _get_attn_cls(self) -> Any:
+            return _Stub
+
+    out = {}
+    for use_fp4 in (False, True):
+        log: list[str] = []
+        cfg = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(max_model_len=4096),
+            kernel_config=types.SimpleNamespace(enable_jit_warmup=True))
+        hf = types.SimpleNamespace(index_topk=512, index_n_heads=64, index_head_dim=128,
+                                   qk_rope_head_dim=64)
+        with _recording_warmups(log), _patched(
+                _fake_modules(log, _CUTEDSL_OPS + "fused_indexer_q_cutedsl") + [
+                    (attention, "ReplicatedLinear", _Stub),
+                    (attention, "dsa_indexer_uses_fp4", lambda _cfg: use_fp4),
+                    (attention, "get_max_prefill_buffer_size", lambda _cfg: 4096),
+                    (torch.cuda, "Event", _Stub)]):
+            try:
+                Indexer(cfg, hf, 4096, 1024, None, object(), None, compress_ratio=4,
+                        prefix="layers.0.attn.indexer")
+            except Exception as exc:
+                log.append(f"!{type(exc).__name__}: {exc}"[:200])
+        out["mxfp4" if use_fp4 else "fp8"] = log
+    return out
+
+
+def probe_attention_warmup() -> dict[str, list[str]]:
+    """Kernels ``DeepseekV4Attention.__init__`` registers for JIT warmup (C4 layer),
+    for the FlashMLA backend and, where the tree has it, the SM80 backend."""
+    import torch
+
+    from vllm.models.deepseek_v4 import attention
+    from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLABackend
+
+    backends: dict[str, Any] = {"FLASHMLA_SPARSE_DSV4": DeepseekV4FlashMLABackend}
+    try:
+        from vllm.models.deepseek_v4.nvidia.ampere_sparse import (
+            DeepseekV4AmpereSparseMLABackend,
+        )
+        backends["ampere"] = DeepseekV4AmpereSparseMLABackend
+    except ImportError:
+        pass
+
+    class _Stub(torch.nn.Module):
+        block_size = 64
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+            self.weight = None
+
+    hf = types.SimpleNamespace(
+        hidden_size=4096, num_attention_heads=64, q_lora_rank=1024, o_lora_rank=1024,
+        head_dim=512, qk_rope_head_dim=64, o_groups=8, sliding_window=128,
+        num_hidden_layers=4, layer_types=["compressed_sparse_attention"] * 4,
+        compress_rates={"compressed_sparse_attention": 4}, rms_norm_eps=1e-6,
+        max_position_embeddings=4096)
+    out = {}
+    for label, backend in backends.items():
+        log: list[str] = []
+        cfg = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(hf_config=hf, max_model_len=4096),
+            quant_config=None, cache_config=types.SimpleNamespace(cache_dtype="fp8"),
+            kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
+            scheduler_config=types.SimpleNamespace(max_num_batched_tokens=64),
+            compilation_config=types.SimpleNamespace(static_forward_context={}),
+            speculative_config=None, use_v2_model_runner=True)
+
+        class Layer(attention.DeepseekV4Attention):
+            backend_cls = backend
+
+            @classmethod
+            def get_padded_num_q_heads(cls, num_heads: int) -> int:
+                return num_heads
+
+            def forward_mqa(self, *args: Any) -> None:
+                raise NotImplementedError
+
+            def _o_proj(self, *args: Any) -> Any:
+                raise NotImplementedError
+
+            def _get_indexer_cls(self, vllm_config: Any) -> Any:
+                return _Stub
+
+        with _recording_warmups(log), _patched([
+                (attention, name, _Stub) for name in (
+                    "MergedColumnParallelLinear", "ColumnParallelLinear",
+                    "RowParallelLinear", "RMSNorm", "DeepseekV4SWACache",
+                    "DeepseekCompressor")] + [
+                (attention, "build_deepseek_v4_rope", _Stub),
+                (attention, "get_tensor_model_parallel_world_size", lambda: 1),
+                (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
+                (torch.cuda, "Event", _Stub)] + _fake_modules(
+                    log, _CUTEDSL_OPS + "dequant_gather_k_cutedsl")):
+            try:
+                Layer(cfg, "model.layers.0.attn")
+            except Exception as exc:
+                log.append(f"!{type(exc).__name__}: {exc}"[:200])
+        out[label] = log
+    return out
+
+
+def probe_tile_scheduler() -> str:
+    """Whether the SWA metadata builder asks FlashMLA for tile-scheduler structs."""
+    from vllm.v1.attention.backends.mla import sparse_swa
+
+    log: list[str] = []
+    me = types.SimpleNamespace(_layer_types=[sparse_swa._LAYER_TYPE_SWAONLY,
+                                             sparse_swa._LAYER_TYPE_C4A])
+    with _patched([(sparse_swa, "get_mla_metadata",
+                    Recorder("get_mla_metadata", log, lambda: ("sched", None)))]):
+        res = sparse_swa.DeepseekSparseSWAMetadataBuilder.build_tile_scheduler(me, 4)
+    used = sorted(k for k, v in res.items() if v is not None)
+    return f"calls={len(log)} types={','.join(used) or '-'}"
+
+
+def probe_indexer_decode_metadata() -> str:
+    """Whether the indexer's draft-decode metadata update calls DeepGEMM's scheduler."""
+    import torch
+
+    from vllm.v1.attention.backends.mla import indexer
+
+    log: list[str] = []
+    n = 2
+    decode = types.SimpleNamespace(
+        block_table=torch.zeros(n, 4, dtype=torch.int32), indices=None,
+        per_req_decode_lens=None, seq_lens=torch.zeros(n, 1, dtype=torch.int32),
+        decode_lens=torch.zeros(n, dtype=torch.int32),
+        schedule_metadata=torch.zeros(3, 2, dtype=torch.int32))
+    md = types.SimpleNamespace(decode=decode, num_decode_tokens=n, num_prefills=0,
+                               num_decodes=n, block_table=torch.zeros(n, 4, dtype=torch.int32),
+                               seq_lens=torch.full((n,), 7, dtype=torch.int32))
+    me = types.SimpleNamespace(dcp_world_size=1, compress_ratio=1,
+                               arange_buffer=torch.arange(8, dtype=torch.int32),
+                               kv_cache_spec=types.SimpleNamespace(num_states=64), num_sms=108)
+    with _patched([(indexer, "get_paged_mqa_logits_metadata",
+                    Recorder("deep_gemm_schedule", log,
+                             lambda *a, **k: torch.zeros(3, 2, dtype=torch.int32)))]):
+        indexer.DeepseekV32IndexerMetadataBuilder.update_draft_decode_metadata(me, md)
+    return "+".join(log) or "none"
+
+
+def probe_inv_rope_warmup() -> list[dict[str, Any]]:
+    """Warmup compile keys of the inverse-RoPE (+FP8) kernel for a V4-Flash TP8 layer."""
+    from vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant import (
+        _FUSED_INV_ROPE_FP8_QUANT_KERNEL,
+    )
+
+    cfg = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=types.SimpleNamespace(
+            num_attention_heads=64, o_groups=8, head_dim=512, qk_rope_head_dim=64)),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=8))
+    keys = _FUSED_INV_ROPE_FP8_QUANT_KERNEL.get_warmup_keys(cfg)
+    return [{"quantize": k.quantize, "tma_aligned_scales": k.tma_aligned_scales,
+             "launch_pdl": k.launch_pdl} for k in keys]
+
+
+def probe_o_proj() -> dict[str, str]:
+    """What ``deep_gemm_fp8_o_proj`` does with an FP8, a bf16 and a Marlin-repacked
+    (int32) ``wo_a``."""
+    import torch
+
+    from vllm.models.deepseek_v4.nvidia.ops import o_proj
+
+    n_groups, hpg, d, rank, t = 2, 2, 512, 16, 3
+    out = {}
+    for label, dtype in (("fp8", torch.float8_e4m3fn), ("bf16", torch.bfloat16),
+                         ("int32", torch.int32)):
+        log: list[str] = []
+
+        def inv_rope(o: Any, *a: Any, quantize: bool, **k: Any) -> Any:
+            log.append(f"inv_rope(quantize={quantize})")
+            x = o.reshape(o.shape[0], n_groups, hpg * d)
+            return (x.to(torch.float8_e4m3fn) if quantize else x), torch.empty(0)
+
+        weight = torch.zeros(n_groups * rank, hpg * d, dtype=dtype)
+        wo_a = types.SimpleNamespace(weight=weight, weight_scale_inv=torch.ones(1))
+        with _patched([(o_proj, "fused_inv_rope_fp8_quant", inv_rope),
+                       (o_proj, "fp8_einsum", Recorder("fp8_einsum", log))]):
+            try:
+                o_proj.deep_gemm_fp8_o_proj(
+                    torch.zeros(t, n_groups * hpg, d, dtype=torch.bfloat16),
+                    torch.zeros(t, dtype=torch.int64), torch.zeros(8, 64), wo_a,
+                    lambda z: log.append("wo_b") or z, n_groups=n_groups,
+                    heads_per_group=hpg, nope_dim=448, rope_dim=64, o_lora_rank=rank,
+                    einsum_recipe=(1, 128, 128), tma_aligned_scales=False)
+                out[label] = "+".join(log)
+            except Exception as exc:
+                out[label] = "+".join(log + [f"!{type(exc).__name__}"])
+    return out
+
+
+def probe_sparse_indexer_init() -> str:
+    """Whether ``SparseAttnIndexer`` (the DeepGEMM indexer op) can be constructed."""
+    import torch
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    cfg = VllmConfig()
+    cfg.kernel_config.enable_jit_warmup = False
+    with set_current_vllm_config(cfg):
+        try:
+            SparseAttnIndexer(types.SimpleNamespace(prefix="k"), 128, "ue8m0", 512, 128,
+                              4096, 4096, torch.zeros(1, 512, dtype=torch.int32))
+            return "constructed"
+        except RuntimeError as exc:
+            return f"refused: {str(exc)[:120]}"
+
+
+def _current_platform() -> Any:
+    from vllm.platforms import current_platform
+    return current_platform
+
+
+PROBES: dict[str, Callable[[], Any]] = {
+    "attn_cls": probe_attn_cls,
+    "gather": probe_gather,
+    "indexer_q": probe_indexer_q,
+    "compressor_store": probe_compressor_store,
+    "compressor_warmup": probe_compressor_warmup,
+    "indexer_warmup": probe_indexer_warmup,
+    "attention_warmup": probe_attention_warmup,
+    "tile_scheduler": probe_tile_scheduler,
+    "indexer_decode_metadata": probe_indexer_decode_metadata,
+    "inv_rope_warmup": probe_inv_rope_warmup,
+    "o_proj": probe_o_proj,
+    "sparse_indexer_init": probe_sparse_indexer_init,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True)
+    ap.add_argument("--capability", action="append", required=True,
+                    help="e.g. 8.0; repeat to probe several in this order")
+    ap.add_argument("--installed", type=Path, default=None,
+                    help="directory with stand-in cutlass/deep_gemm packages")
+    ap.add_argument("--probe", action="append", default=[])
+    args = ap.parse_args(argv)
+    _boot(args.tree.resolve(), args.installed)
+    results: dict[str, Any] = {}
+    for cap in args.capability:
+        _CAPABILITY[:] = [int(x) for x in cap.split(".")]
+        results[cap] = {}
+        for name in args.probe or list(PROBES):
+            try:
+                results[cap][name] = PROBES[name]()
+            except Exception as exc:
+                results[cap][name] = _error(exc)
+    print(json.dumps(results, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
