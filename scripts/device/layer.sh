@@ -5,8 +5,8 @@
 #
 #   bash scripts/device/layer.sh [all|test|bench] [pytest -k expression]
 #
-# Env: BUILD=1 builds deepinfer_sm80._C first (make build ARCHS=8.0
-# EXTRA_GENCODE=compute_80:sm_90 BUILD_DIR=overlay, time-boxed by BUILD_TIMEOUT);
+# Env: BUILD=1 builds deepinfer_sm80._C first (SM80 code from compute_80 as
+# sm_90 SASS only, into overlay/deepinfer_sm80, time-boxed by BUILD_TIMEOUT);
 # without it the layer uses whatever deepinfer_sm80 finds (portable otherwise).
 # A GPU bundle carried at $BUNDLE (default .devcarry/h7-bundle.tar.gz, else
 # dist/deepinfer-gpu-bundle.tar.gz) provides the vLLM tree + wheels for the
@@ -39,8 +39,9 @@ fi
 
 if [ "${BUILD:-0}" = 1 ]; then
   t0=$SECONDS
-  timeout "${BUILD_TIMEOUT:-150}" make build KPY=python3 ARCHS="8.0" BUILD_DIR=overlay \
-    EXTRA_GENCODE=compute_80:sm_90 >"$OUT/build.log" 2>&1
+  PYTHONPATH=tools timeout "${BUILD_TIMEOUT:-150}" python3 -m deepinfer.build build --archs 8.0 \
+    --extra-gencode compute_80:sm_90 --only-extra --target overlay \
+    --build-dir /tmp/deepinfer_kbuild -j "$(nproc)" >"$OUT/build.log" 2>&1
   echo "build rc=$? in $((SECONDS - t0)) s"; tail -3 "$OUT/build.log"
 fi
 
