@@ -415,3 +415,15 @@ def test_base_commit_does_not_depend_on_cache_location(synth, monkeypatch, tmp_p
     monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(other))
     ap.clean(build=synth.build)
     assert _apply(synth).state["base"] == base1
+
+
+def test_cli_reports_errors_without_traceback(synth, capsys):
+    from deepinfer import cli
+    assert cli.main(["apply", "--vllm", "9.9.9"]) == 1
+    err = capsys.readouterr().err
+    assert "error: no patch set for vLLM 9.9.9" in err and "Traceback" not in err
+    assert cli.main(["check", "--vllm", VERSION]) == 0
+    assert cli.main(["status", "--vllm", VERSION]) == 1  # no tree yet
+    assert cli.main(["apply", "--vllm", VERSION]) == 0
+    assert cli.main(["status", "--vllm", VERSION]) == 0
+    assert "is clean" in capsys.readouterr().out

@@ -429,6 +429,10 @@ def recover_interrupted(build: Path, version: str) -> None:
 
 def _set_symlink(build: Path, version: str) -> None:
     link = build / "vllm"
+    if link.exists() and not link.is_symlink():
+        warn(f"{_rel(link)} is not a symlink; left as it is (remove it to get the "
+             f"build/vllm -> vllm-{version} link)")
+        return
     tmp = build / f".vllm-link-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     os.symlink(f"vllm-{version}", tmp)

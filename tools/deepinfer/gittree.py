@@ -61,10 +61,19 @@ class StatusEntry:
     path: str
 
 
+def _check_gitpython() -> None:
+    import inspect
+    if "strip_newline_in_stdout" not in inspect.signature(git.Git.execute).parameters:
+        raise DeepinferError(f"GitPython {git.__version__} is too old (its Git.execute lacks "
+                             "strip_newline_in_stdout, needed for byte-exact patch export)",
+                             hint="upgrade it: .venv/bin/pip install -U gitpython (tested: 3.2.1)")
+
+
 class GitTree:
     """A git repository holding an applied tree (or a scratch repository)."""
 
     def __init__(self, path: Path):
+        _check_gitpython()
         self.path = Path(path)
         try:
             self.repo = git.Repo(self.path)
