@@ -517,7 +517,10 @@ def _git(*args: str, cwd: Path | None = None) -> str:
 
 
 def _fetch_git(pin: Pin, url: str, dest: Path) -> str:
-    """Check the pinned commit out into ``dest`` from a per-user bare cache; returns it."""
+    """Check the pinned commit out into ``dest`` from a per-user bare cache; returns it.
+
+    Only that commit is fetched (``--depth=1``): the base tree is all a 3-way apply needs.
+    """
     cache = cache_root() / "git" / f"{pin.package}.git"
     if not cache.is_dir():
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -533,7 +536,7 @@ def _fetch_git(pin: Pin, url: str, dest: Path) -> str:
         console.print(f"fetching {pin.git_tag} from {url}")
         ref = want or f"refs/tags/{pin.git_tag}"
         try:
-            _git("fetch", "-q", "--no-tags", url,
+            _git("fetch", "-q", "--no-tags", "--depth=1", url,
                  f"+{ref}:refs/deepinfer/fetched/{pin.version}" if not want else want,
                  cwd=cache)
         except DeepinferError as exc:
