@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.meta["copy"] = common.copy_bandwidth()
     copy_gbps = report.meta["copy"]["gbps_read_plus_write"]
-    print(f"device-to-device copy: {copy_gbps:.0f} GB/s (read + write)", flush=True)
+    print(f"device-to-device copy: {copy_gbps:.0f} GB/s (read + write; by method: "
+          f"{report.meta['copy'].get('by_method_gbps')})", flush=True)
     report.meta["implementations_missing"] = impls.missing
     for k, v in impls.missing.items():
         report.notes.append(f"not run: {k}: {v}")
