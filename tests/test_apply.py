@@ -427,3 +427,10 @@ def test_cli_reports_errors_without_traceback(synth, capsys):
     assert cli.main(["apply", "--vllm", VERSION]) == 0
     assert cli.main(["status", "--vllm", VERSION]) == 0
     assert "is clean" in capsys.readouterr().out
+
+
+def test_patch_under_overlay_file_warns(synth):
+    (synth.root / "overlay/vllm/beta.py").write_text("overlay beta\n")
+    res = _apply(synth)
+    assert any("beta-20.patch changes vllm/beta.py" in w for w in res.warnings)
+    assert (synth.tree / "vllm/beta.py").read_text() == "overlay beta\n"

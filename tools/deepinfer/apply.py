@@ -267,6 +267,19 @@ def failures_error(checks: list[PatchCheck], ps: PatchSet) -> DeepinferError:
 
 # --------------------------------------------------------------------------- overlay manifest
 
+def overlay_conflicts(ps: PatchSet, overlay: list[OverlayFile]) -> list[str]:
+    """Warnings for patches that change files the overlay replaces (the overlay commit
+    would silently overwrite the patch's change)."""
+    paths = {f.tree_path: f.rel_source for f in overlay}
+    out = []
+    for p in ps.patch_paths:
+        hit = [x for x in patch_paths(p.read_bytes()) if x in paths]
+        if hit:
+            out.append(f"{p.name} changes {', '.join(hit)}, which the overlay replaces "
+                       f"({', '.join(paths[h] for h in hit)}); the patch's change there is lost")
+    return out
+
+
 def check_manifest(ps: PatchSet, overlay: list[OverlayFile], base_blobs: dict[str, str],
                    tree_rel: str) -> list[str]:
     """Compare the overlay with ``overlay.toml`` and the pinned base.
@@ -591,6 +604,7 @@ def _build(ps: PatchSet, overlay: list[OverlayFile], spec: source.SourceSpec,
         _checkpoint("base")
         base_blobs = tree.ls_tree(base)
         warnings = check_manifest(ps, overlay, base_blobs, _rel(target))
+        warnings += overlay_conflicts(ps, overlay)
         want_tree, checks = expected_tree(tree, base, ps, overlay)
         if want_tree is None:
             raise failures_error(checks, ps)
@@ -638,9 +652,9 @@ def print_summary(res: ApplyResult) -> None:
         return
     table = Table(title=f"{_rel(res.tree)}  (vLLM {st['version']})", show_lines=False)
     table.add_column("#", justify="right")
-    table.add_column("commit")
-    table.add_column("what")
-    table.add_column("apply")
+    table.add_column("commit", no_wrap=True)
+    table.add_column("what", overflow="fold")
+    table.add_column("apply", no_wrap=True)
     table.add_row("", st["base"][:12], f"base: pristine upstream ({st['source_label']})", "")
     for i, p in enumerate(st["patches"], 1):
         table.add_row(str(i), p["commit"][:12], p["name"], p["check"])
@@ -682,14 +696,15 @@ def check(version: str, spec: source.SourceSpec, root: Path | None = None,
     with contextlib.ExitStack() as stack:
         t = _base_for(version, spec, ps, build, stack)
         base = t.rev_parse(BASE_REF)
-        for w in check_manifest(ps, overlay, t.ls_tree(base), _rel(tree_dir(version, build))):
+        for w in (check_manifest(ps, overlay, t.ls_tree(base), _rel(tree_dir(version, build)))
+                  + overlay_conflicts(ps, overlay)):
             warn(w)
         with scratch_index(t, base) as idx:
             checks = check_series_in_index(t, idx, ps)
     table = Table(title=f"dry run: {len(checks)} patches against vLLM {version}")
     table.add_column("#", justify="right")
-    table.add_column("patch")
-    table.add_column("result")
+    table.add_column("patch", overflow="fold")
+    table.add_column("result", no_wrap=True)
     for i, c in enumerate(checks, 1):
         color = {"clean": "green", "3-way": "yellow", "failed": "red"}[c.status]
         table.add_row(str(i), c.name, f"[{color}]{c.status}[/]")

@@ -190,8 +190,8 @@ def export(version: str, root: Path | None = None, build: Path | None = None) ->
     if names != old_series or not ps.series_path.exists():
         write_series(ps.series_path, names)
     table = Table(title=f"export to {_rel(ps.directory)}")
-    table.add_column("patch")
-    table.add_column("result")
+    table.add_column("patch", overflow="fold")
+    table.add_column("result", no_wrap=True)
     for name, res in result.items():
         color = {"unchanged": "dim", "new": "green", "updated": "yellow", "removed": "red"}[res]
         table.add_row(name, f"[{color}]{res}[/]")
