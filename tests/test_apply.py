@@ -434,3 +434,13 @@ def test_patch_under_overlay_file_warns(synth):
     res = _apply(synth)
     assert any("beta-20.patch changes vllm/beta.py" in w for w in res.warnings)
     assert (synth.tree / "vllm/beta.py").read_text() == "overlay beta\n"
+
+
+def test_rebuild_warns_about_lost_extension(synth):
+    _apply(synth)
+    (synth.tree / ".git/info/exclude").write_text("*.so\n")  # vLLM's .gitignore has *.so
+    (synth.tree / "deepinfer_sm80/_C.abi3.so").write_bytes(b"\x7fELF")  # as `make build` does
+    (synth.root / "overlay/vllm/sm80_extra.py").write_text("EXTRA = 5\n")
+    res = _apply(synth)
+    assert any("make build" in w and "_C.abi3.so" in w for w in res.warnings)
+    assert not (synth.tree / "deepinfer_sm80/_C.abi3.so").exists()

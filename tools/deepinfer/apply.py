@@ -633,6 +633,10 @@ def _build(ps: PatchSet, overlay: list[OverlayFile], spec: source.SourceSpec,
         _checkpoint("swap")
         old = None
         if target.exists():
+            built = sorted(p.name for p in target.glob("deepinfer_sm80/*.so"))
+            if built:
+                warnings.append(f"the previous tree had a built extension ({', '.join(built)}); "
+                                "the new tree has none: run `make build` again")
             old = build / f".vllm-{ps.pin.version}.old-{os.getpid()}"
             os.rename(target, old)
         os.rename(staging, target)
