@@ -444,3 +444,11 @@ def test_rebuild_warns_about_lost_extension(synth):
     res = _apply(synth)
     assert any("make build" in w and "_C.abi3.so" in w for w in res.warnings)
     assert not (synth.tree / "deepinfer_sm80/_C.abi3.so").exists()
+
+
+def test_history_reset_is_refused_with_reason(synth):
+    _apply(synth)
+    git(synth.tree, "reset", "-q", "--hard", "refs/deepinfer/base")
+    with pytest.raises(DeepinferError, match="re-applying would discard") as ei:
+        _apply(synth)
+    assert "HEAD moved since apply" in str(ei.value)

@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import unidiff
@@ -367,8 +367,12 @@ def refuse_error(tree_path: Path, probs: TreeProblems) -> DeepinferError:
         if len(probs.dirty) > 200:
             details.append(f"    ... and {len(probs.dirty) - 200} more")
     if probs.unexported:
-        details.append("  commits not saved in the patch set:")
-        details += [f"    {c}" for c in probs.commits]
+        if probs.commits:
+            details.append("  commits not saved in the patch set:")
+            details += [f"    {c}" for c in probs.commits]
+        else:
+            details.append("  HEAD moved since apply (commits removed or rewritten); the "
+                           "tree's history no longer matches the patch files")
     return DeepinferError(
         f"{_rel(tree_path)} has changes that re-applying would discard", details=details,
         hint="commit them and run `make export` to keep them as patches, or re-run with "
@@ -810,4 +814,4 @@ def clean(root: Path | None = None, build: Path | None = None) -> None:
 __all__ = ["apply", "check", "status", "clean", "print_summary", "print_status",
            "expected_tree", "check_series_in_index", "scratch_index", "read_state",
            "tree_dir", "build_root", "PatchCheck", "PatchFailure", "ApplyResult",
-           "TreeStatus", "asdict"]
+           "TreeStatus"]
