@@ -452,3 +452,11 @@ def test_history_reset_is_refused_with_reason(synth):
     with pytest.raises(DeepinferError, match="re-applying would discard") as ei:
         _apply(synth)
     assert "HEAD moved since apply" in str(ei.value)
+
+
+def test_changed_pin_commit_is_reverified_despite_base_cache(synth):
+    _apply(synth)
+    synth.write_pin(sha256(synth.sdist), commit_short="gfff0000")
+    ap.clean(build=synth.build)
+    with pytest.raises(DeepinferError, match="pin expects 'gfff0000'"):
+        _apply(synth)

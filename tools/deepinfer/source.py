@@ -581,10 +581,12 @@ def _copy_path_source(src: Path, dest: Path) -> None:
 
 def describe(spec: SourceSpec, pin: Pin) -> str:
     """Stable identity of a source's content (cheap; used for the no-op check)."""
+    # the pinned commit is part of the identity: a cached base made under another pin
+    # must not skip the commit verification
     if spec.kind == "sdist":
-        return f"sdist:{pin.sdist_sha256}"
+        return f"sdist:{pin.sdist_sha256}:{pin.commit_short}:{pin.commit}"
     if spec.kind == "git":
-        return f"git:{pin.commit or pin.commit_short}"
+        return f"git:{pin.git_tag}:{pin.commit_short}:{pin.commit}"
     assert spec.path is not None
     return f"path:{spec.path}:{_tree_stat_digest(spec.path)}"
 
