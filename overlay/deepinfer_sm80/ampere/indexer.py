@@ -134,7 +134,7 @@ def prefill_topk(
         best = None
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
-            buf = torch.empty((r1 - r0, tile), dtype=torch.float32, device=dev)
+            buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
         else:
             q = dequant_fp8(q_fp8[r0:r1])
             w = weights[r0:r1].to(torch.float32)
@@ -142,15 +142,15 @@ def prefill_topk(
         for t0 in range(c0, max(c1, c0 + 1), tile):
             t1 = min(max(c1, c0 + 1), t0 + tile)
             if fused:
-                logits = mqa_logits_tile(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
-                                         lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
-                                         k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
+                keys = mqa_logits_tile(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
+                                       lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
+                                       k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
             else:
                 k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
                 logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))
-            cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
-            valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
-            keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
+                cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
+                valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
+                keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
             best = merge_topk(best, keys, topk)
         out[r0:r1, :topk] = keys_to_indices(best)
     return out
@@ -208,14 +208,12 @@ def decode_topk(
         total = maxb * block_size
         tile = pages_per_tile * block_size if pages_per_tile else max(
             block_size, (tile_budget // max(1, rows * 8)) // block_size * block_size)
-        buf = torch.empty((rows, min(tile, total)), dtype=torch.float32, device=dev)
+        buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
         for t0 in range(0, total, tile):
             t1 = min(total, t0 + tile)
-            logits = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
-                                     pages=kv_cache, block_table=bt32, row_req=row_req,
-                                     block_size=block_size)[:, : t1 - t0]
-            cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
-            keys = order_keys(logits, cols, cols < hi.unsqueeze(1).to(torch.int64))
+            keys = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
+                                   pages=kv_cache, block_table=bt32, row_req=row_req,
+                                   block_size=block_size)[:, : t1 - t0]
             best = merge_topk(best, keys, topk)
         out[:rows, :topk] = keys_to_indices(best)
         return out

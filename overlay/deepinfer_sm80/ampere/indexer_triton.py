@@ -34,7 +34,7 @@ def _mqa_logits_kernel(
     row_req_ptr,  # i32 [rows] request of each row (PAGED)
     lo_ptr,  # i32 [rows] first visible column
     hi_ptr,  # i32 [rows] end of visible columns
-    out_ptr,  # f32 [rows, out_stride]
+    out_ptr,  # f32 logits or i64 keys [rows, out_stride]
     col0,  # first column of this call's tile range
     n_cols,  # columns in this call
     out_stride,
@@ -47,6 +47,7 @@ def _mqa_logits_kernel(
     PAGED: tl.constexpr,
     DOT_BF16: tl.constexpr,
     DK: tl.constexpr = 32,
+    EMIT_KEYS: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     tile = tl.program_id(1)
@@ -83,13 +84,26 @@ def _mqa_logits_kernel(
     w = tl.load(w_ptr + row.to(tl.int64) * H + h)
     s = tl.maximum(s, 0.0) * w[:, None]
     logits = tl.sum(s, axis=0) * ksc
-    tl.store(out_ptr + row.to(tl.int64) * out_stride + lc, logits, mask=lc < n_cols)
+    if EMIT_KEYS:
+        # int64 key ordering (score desc, index asc); see indexer.order_keys.
+        x = tl.where(logits != logits, float("-inf"), logits)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 -> +0.0
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        local = (col - lo).to(tl.int64)
+        key = (ordered << 32) + (4294967295 - local)
+        key = tl.where(valid, key, -9223372036854775807 - 1)
+        tl.store(out_ptr + row.to(tl.int64) * out_stride + lc, key, mask=lc < n_cols)
+    else:
+        tl.store(out_ptr + row.to(tl.int64) * out_stride + lc, logits, mask=lc < n_cols)
 
 
 def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=None,
                     pages=None, block_table=None, row_req=None, block_size=0, block_n=64):
-    """Logits of columns [col0, col0 + n_cols) for every row into ``out``
-    [rows, >= n_cols] fp32 (masked columns: 0, callers mask them)."""
+    """Columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]:
+    fp32 logits (columns outside [lo, hi) hold garbage; callers mask them), or,
+    for an int64 ``out``, top-k keys (``indexer.order_keys`` of the logits with
+    index ``col - lo``; INT64_MIN outside [lo, hi))."""
     rows, H, D = q_u8.shape
     if rows == 0 or n_cols == 0:
         return out
@@ -106,7 +120,8 @@ def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=
         block_table.stride(0) if paged else 0,
         pages.stride(0) if paged else 0,
         block_size,
-        H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET, num_warps=8,
+        H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET,
+        EMIT_KEYS=out.dtype == torch.int64, num_warps=8,
     )
     return out
 
@@ -120,12 +135,15 @@ def aot_sources() -> dict:
            "out_ptr": "*fp32", "col0": "i32", "n_cols": "i32", "out_stride": "i32",
            "bt_stride": "i32", "page_bytes": "i64", "block_size": "i32",
            "H": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "PAGED": "constexpr",
-           "DOT_BF16": "constexpr", "DK": "constexpr"}
+           "DOT_BF16": "constexpr", "DK": "constexpr", "EMIT_KEYS": "constexpr"}
     out = {}
     for paged in (True, False):
-        consts = {"H": 64, "D": 128, "BLOCK_N": 64, "PAGED": paged, "DOT_BF16": True, "DK": 32}
-        out[f"indexer_logits_{'paged' if paged else 'flat'}"] = (
-            ASTSource(fn=_mqa_logits_kernel, signature=sig, constexprs=consts), 8)
+        for keys in (True, False):
+            consts = {"H": 64, "D": 128, "BLOCK_N": 64, "PAGED": paged, "DOT_BF16": True,
+                      "DK": 32, "EMIT_KEYS": keys}
+            s = dict(sig, out_ptr="*i64" if keys else "*fp32")
+            out[f"indexer_{'keys' if keys else 'logits'}_{'paged' if paged else 'flat'}"] = (
+                ASTSource(fn=_mqa_logits_kernel, signature=s, constexprs=consts), 8)
     return out
 
 
