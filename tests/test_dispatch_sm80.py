@@ -16,8 +16,6 @@ Marked ``network``: the apply needs the vLLM sdist (downloaded once, then cached
 """
 from __future__ import annotations
 
-import subprocess
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,20 +47,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pytest.skip("vLLM's pure-Python dependencies are not installed "
                     f"({', '.join(missing)}); run `make venv-torch` or "
                     "`pip install -e '.[vllm-cpu-deps]'`")
-    from deepinfer import apply as ap
-    from deepinfer import source
-
-    build = tmp_path_factory.mktemp("build")
-    res = ap.apply(harness.VLLM_VERSION, source.SourceSpec.parse("sdist"), build=build)
-    patched = res.tree
-    pristine = tmp_path_factory.mktemp("pristine")
-    archive = pristine / "base.tar"
-    subprocess.run(["git", "-C", str(patched), "archive", "-o", str(archive),
-                    "refs/deepinfer/base", "vllm"], check=True)
-    with tarfile.open(archive) as tf:
-        tf.extractall(pristine, filter="data")
-    archive.unlink()
-    return {"pristine": pristine, "patched": patched}
+    return harness.prepare_trees(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

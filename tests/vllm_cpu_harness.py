@@ -122,14 +122,61 @@ def run_probes(tree: Path, capabilities: list[str], *, installed: Path | None = 
     return json.loads(lines[-1])
 
 
+_TREES: dict[str, Path] = {}
+
+
+def prepare_trees(tmp_path_factory: Any) -> dict[str, Path]:
+    """``{"patched": ..., "pristine": ...}`` for :data:`VLLM_VERSION`, made once per
+    test session: ``deepinfer apply`` into a temporary build directory (sdist from the
+    per-user cache, downloaded on first use), and its base commit's ``vllm/``."""
+    if not _TREES:
+        import tarfile
+
+        from deepinfer import apply as ap
+        from deepinfer import source
+
+        build = tmp_path_factory.mktemp("build")
+        res = ap.apply(VLLM_VERSION, source.SourceSpec.parse("sdist"), build=build)
+        pristine = tmp_path_factory.mktemp("pristine")
+        archive = pristine / "base.tar"
+        subprocess.run(["git", "-C", str(res.tree), "archive", "-o", str(archive),
+                        "refs/deepinfer/base", "vllm"], check=True)
+        with tarfile.open(archive) as tf:
+            tf.extractall(pristine, filter="data")
+        archive.unlink()
+        _TREES.update(patched=res.tree, pristine=pristine)
+    return dict(_TREES)
+
+
 # ----------------------------------------------------------------------------- child
 
 
 _CAPABILITY: list[int] = [0, 0]
 
 
+_METADATA_DIR: Any = None
+
+
+def _add_distribution_metadata(tree: Path) -> None:
+    """vLLM asks ``importlib.metadata`` for its own version (and disables Triton when
+    that fails); a tree without ``*.egg-info`` gets a minimal ``dist-info``."""
+    global _METADATA_DIR
+    import re
+    import tempfile
+
+    text = (tree / "vllm" / "_version.py").read_text()
+    version = re.search(r"__version__ = version = '([^']+)'", text).group(1)
+    _METADATA_DIR = tempfile.TemporaryDirectory(prefix="vllm-metadata-")
+    info = Path(_METADATA_DIR.name) / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    sys.path.append(_METADATA_DIR.name)
+
+
 def _boot(tree: Path, installed: Path | None) -> None:
     sys.path.insert(0, str(tree))
+    _add_distribution_metadata(tree)
     if installed is not None:
         sys.path.insert(0, str(installed))
     for name, attrs in _STUB_MODULES.items():
@@ -631,6 +678,95 @@ def probe_sparse_indexer_init() -> str:
             return f"refused: {str(exc)[:120]}"
 
 
+def probe_gate_helpers() -> dict[str, Any]:
+    """The patch set's gate helpers next to the presence checks they refine, on the
+    mocked CUDA platform and on vLLM's CPU platform."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils import import_utils as iu
+
+    def values() -> dict[str, bool]:
+        return {name: bool(getattr(iu, name)()) for name in (
+            "has_cutedsl", "has_deep_gemm", "cuda_device_predates_sm90",
+            "cutedsl_usable", "deep_gemm_usable")}
+
+    out: dict[str, Any] = {"cuda": values()}
+    with _patched([(platforms, "_current_platform", CpuPlatform())]):
+        out["cpu"] = values()
+    return out
+
+
+def probe_overlay_identity() -> dict[str, Any]:
+    """The overlay identity module next to the upstream version vLLM reports."""
+    import vllm
+    from vllm import deepinfer_sm80_overlay as overlay
+
+    try:
+        overlay.check_upstream()
+        check = "ok"
+    except RuntimeError as exc:
+        check = f"refused: {exc}"
+    return {"vllm.__version__": vllm.__version__, "identity": overlay.identity(),
+            "describe": overlay.describe(), "check_upstream": check}
+
+
+def probe_inv_rope_aot() -> dict[str, Any]:
+    """Triton ahead-of-time compile of the inverse-RoPE (+FP8) kernel: does it compile
+    for sm_80/sm_86 without quantization, and what does sm_90 get (instruction text
+    without debug info, hashed) for each constexpr variant."""
+    import hashlib
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant import (
+        FusedInvRopeFP8QuantKernel,
+    )
+
+    def compile_for(cc: int, quantize: bool, tma: bool) -> Any:
+        sig = {"o_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_cache_ptr": "*fp32",
+               "out_ptr": "*fp8e4nv" if quantize else "*bf16",
+               "scale_ptr": "*i32" if tma else "*fp32", "num_tokens": "i32",
+               "heads_per_group": "constexpr", "o_stride_token": "i64",
+               "o_stride_head": "i64", "cache_stride_pos": "i64",
+               "out_stride_group": "i64", "out_stride_token": "i64",
+               "scale_stride_group": "i64", "scale_stride_k": "i64",
+               "fp8_max": "constexpr", "eps": "constexpr", "QUANT_GROUP_SIZE": "constexpr",
+               "CHUNKS_PER_HEAD": "constexpr", "NOPE_DIM": "constexpr",
+               "HALF_ROPE": "constexpr", "QUANTIZE": "constexpr",
+               "TMA_ALIGNED_SCALES": "constexpr", "launch_pdl": "constexpr"}
+        consts = {"heads_per_group": 8, "fp8_max": 448.0, "eps": 1e-10,
+                  "QUANT_GROUP_SIZE": 128, "CHUNKS_PER_HEAD": 4, "NOPE_DIM": 448,
+                  "HALF_ROPE": 32, "QUANTIZE": quantize, "TMA_ALIGNED_SCALES": tma,
+                  "launch_pdl": cc >= 90}
+        src = ASTSource(fn=FusedInvRopeFP8QuantKernel.kernel, signature=sig,
+                        constexprs=consts)
+        return triton.compile(src, target=GPUTarget("cuda", cc, 32))
+
+    def code(ptx: str) -> str:
+        body = ptx.split(".section\t.debug", 1)[0]
+        lines = [ln for ln in body.splitlines()
+                 if not ln.strip().startswith((".loc", ".file", "//"))]
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+    out: dict[str, Any] = {}
+    for cc in (80, 86):
+        for quantize in (False, True):
+            try:
+                compile_for(cc, quantize, False)
+                out[f"sm{cc}/quantize={quantize}"] = "ok"
+            except Exception as exc:
+                msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                out[f"sm{cc}/quantize={quantize}"] = f"fails: {type(exc).__name__}: {msg}"[:160]
+    for quantize in (False, True):
+        for tma in (False, True):
+            out[f"sm90/quantize={quantize}/tma={tma}"] = code(
+                compile_for(90, quantize, tma).asm["ptx"])
+    return out
+
+
 def _current_platform() -> Any:
     from vllm.platforms import current_platform
     return current_platform
@@ -651,6 +787,14 @@ PROBES: dict[str, Callable[[], Any]] = {
     "sparse_indexer_init": probe_sparse_indexer_init,
 }
 
+#: Probes not in the default set (asked for by name): they need the patched tree or
+#: cost more than a decision.
+EXTRA_PROBES: dict[str, Callable[[], Any]] = {
+    "gate_helpers": probe_gate_helpers,
+    "overlay_identity": probe_overlay_identity,
+    "inv_rope_aot": probe_inv_rope_aot,
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -668,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         results[cap] = {}
         for name in args.probe or list(PROBES):
             try:
-                results[cap][name] = PROBES[name]()
+                results[cap][name] = {**PROBES, **EXTRA_PROBES}[name]()
             except Exception as exc:
                 results[cap][name] = _error(exc)
     print(json.dumps(results, sort_keys=True))

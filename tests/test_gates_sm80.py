@@ -1,0 +1,265 @@
+"""The 0.33.0 patch set's gates, Triton fix, packaging and overlay identity (CPU).
+
+- gate helpers (``cuda_device_predates_sm90``, ``cutedsl_usable``,
+  ``deep_gemm_usable``): equal to the presence checks on CUDA 9.0+ and off CUDA,
+  False below 9.0;
+- no DeepSeek-V4 kernel choice is left on a bare presence check (AST audit of the
+  patched files, so a rebase that brings a new ``has_cutedsl()`` site fails here);
+- ``FusedInvRopeFP8QuantKernel`` compiles for sm_80/sm_86 without quantization in the
+  patched tree (Triton ahead-of-time, no GPU) and not in the pristine one, and sm_90
+  gets the same code from both;
+- ``pip install`` of the patched tree ships ``deepinfer_sm80``;
+- every Python file the series changes compiles;
+- the overlay identity module matches the pin, and ``vllm.__version__`` stays
+  upstream's.
+
+Tests that need the applied tree are marked ``network`` (sdist download, cached).
+"""
+from __future__ import annotations
+
+import ast
+import py_compile
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import vllm_cpu_harness as harness
+
+ROOT = Path(__file__).resolve().parents[1]
+IDENTITY = ROOT / "overlay" / "vllm" / "deepinfer_sm80_overlay.py"
+
+
+def _load_identity():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deepinfer_sm80_overlay", IDENTITY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return harness.prepare_trees(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def deps() -> None:
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip("vLLM's pure-Python dependencies are not installed "
+                    f"({', '.join(missing)}); run `make venv-torch` or "
+                    "`pip install -e '.[vllm-cpu-deps]'`")
+
+
+# ------------------------------------------------------------------ identity (no tree)
+
+
+def test_identity_matches_pyproject_and_pin() -> None:
+    ident = _load_identity()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert ident.OVERLAY_NAME == project["name"]
+    assert ident.OVERLAY_VERSION == project["version"]
+    pin = tomllib.loads(
+        (ROOT / "patches" / f"vllm-{ident.PINNED_VLLM_VERSION}" / "pin.toml").read_text())
+    assert pin["version"] == ident.PINNED_VLLM_VERSION
+    assert pin["commit_short"].removeprefix("g") == ident.PINNED_VLLM_COMMIT
+    assert (pin["commit"] or None) == ident.PINNED_VLLM_COMMIT_FULL
+    assert ident.describe() == (f"deepinfer-sm80 {project['version']} on vLLM "
+                                f"{pin['version']} ({ident.PINNED_VLLM_COMMIT})")
+
+
+def test_identity_module_imports_nothing_from_vllm_at_import_time() -> None:
+    tree = ast.parse(IDENTITY.read_text())
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert all(getattr(n, "module", None) == "__future__" for n in top_level)
+
+
+# -------------------------------------------------------------------------- tree tests
+
+
+@pytest.mark.network
+def test_gate_helpers_truth_table(trees, deps, tmp_path_factory) -> None:
+    fakes = harness.make_fake_packages(tmp_path_factory.mktemp("site"))
+    caps = ["12.0", "10.0", "9.0", "8.9", "8.6", "8.0"]
+    for installed in (fakes, None):
+        res = harness.run_probes(trees["patched"], caps, installed=installed,
+                                 probes=("gate_helpers",))
+        for cap in caps:
+            g = res[cap]["gate_helpers"]
+            assert "error" not in g, g
+            assert g["cuda"]["has_cutedsl"] is (installed is not None)
+            below = float(cap) < 9.0
+            assert g["cuda"]["cuda_device_predates_sm90"] is below
+            for name, has in (("cutedsl_usable", "has_cutedsl"),
+                              ("deep_gemm_usable", "has_deep_gemm")):
+                assert g["cuda"][name] is (g["cuda"][has] and not below), (cap, name)
+                # off CUDA the helpers are the presence checks, whatever the GPU
+                assert g["cpu"][name] is g["cpu"][has], (cap, name)
+            assert g["cpu"]["cuda_device_predates_sm90"] is False
+
+
+#: Files of the patched tree whose DeepSeek-V4 kernel choices must not use a bare
+#: presence check, and the functions allowed to keep one (with the reason).
+AUDIT = {
+    "vllm/models/deepseek_v4/common/ops/cache_utils.py": {},
+    "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py": {},
+    "vllm/models/deepseek_v4/attention.py": {},
+    "vllm/models/deepseek_v4/compressor.py": {},
+    "vllm/v1/attention/backends/mla/indexer.py": {
+        # each also requires capability family 90 or 100
+        "_supports_varlen_paged_mqa_logits", "_supports_flattened_device_query_lens",
+        # falls back to next_n in (1, 2) below 9.0 whatever it returns
+        "_supports_native_decode"},
+    "vllm/model_executor/layers/sparse_attn_indexer.py": {
+        # DCP merge: refuses without CuTeDSL; DCP is not supported below 9.0
+        "_assert_cutedsl_dcp_merge_supported", "__init__"},
+}
+
+
+def _presence_calls(source: str) -> list[tuple[str, int, str]]:
+    """(enclosing function, line, callee) of every has_cutedsl()/has_deep_gemm() call."""
+    found = []
+
+    class Visitor(ast.NodeVisitor):
+        stack: list[str] = []
+
+        def visit_FunctionDef(self, node):  # noqa: N802
+            self.stack.append(node.name)
+            self.generic_visit(node)
+            self.stack.pop()
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Call(self, node):  # noqa: N802
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in ("has_cutedsl", "has_deep_gemm"):
+                found.append((self.stack[-1] if self.stack else "<module>",
+                              node.lineno, name))
+            self.generic_visit(node)
+
+    Visitor().visit(ast.parse(source))
+    return found
+
+
+@pytest.mark.network
+def test_no_presence_check_left_on_a_dsv4_kernel_choice(trees) -> None:
+    for rel, allowed in AUDIT.items():
+        calls = _presence_calls((trees["patched"] / rel).read_text())
+        left = [c for c in calls if c[0] not in allowed]
+        assert not left, f"{rel}: presence checks still choose kernels at {left}"
+    # the audit can fail: the pristine tree has such calls in these DSv4 files
+    for rel in list(AUDIT)[:3]:
+        assert _presence_calls((trees["pristine"] / rel).read_text()), rel
+
+
+def _cutedsl_compressor_tests(source: str) -> list[tuple[int, bool]]:
+    """(line, also checks the architecture) of every ``if`` that picks the CuTeDSL
+    compressor by ``is_cuda() and head_dim == 512``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If):
+            text = ast.unparse(node.test)
+            if "is_cuda()" in text and "head_dim == 512" in text:
+                out.append((node.lineno, "cuda_device_predates_sm90()" in text))
+    return out
+
+
+@pytest.mark.network
+def test_cutedsl_compressor_choice_checks_the_architecture(trees) -> None:
+    rel = "vllm/models/deepseek_v4/compressor.py"
+    patched = _cutedsl_compressor_tests((trees["patched"] / rel).read_text())
+    # the C128 skip needs no arch check; the store routing and its warmup do
+    gated = [ok for _, ok in patched]
+    assert gated.count(True) == 2, patched
+    pristine = _cutedsl_compressor_tests((trees["pristine"] / rel).read_text())
+    assert [ok for _, ok in pristine].count(True) == 0 and len(pristine) == len(patched)
+
+
+@pytest.mark.network
+def test_inv_rope_kernel_compiles_for_sm80_sm86_and_sm90_code_is_unchanged(trees, deps
+                                                                          ) -> None:
+    got = {t: harness.run_probes(trees[t], ["9.0"], probes=("inv_rope_aot",))["9.0"]
+           ["inv_rope_aot"] for t in ("patched", "pristine")}
+    for t in got:
+        assert "error" not in got[t], got[t]
+    for cc in (80, 86):
+        assert got["patched"][f"sm{cc}/quantize=False"] == "ok"
+        assert "fp8e4nv" in got["pristine"][f"sm{cc}/quantize=False"]
+        # quantizing still needs FP8 conversion: nothing on SM80 asks for it
+        assert "fp8e4nv" in got["patched"][f"sm{cc}/quantize=True"]
+    sm90 = [k for k in got["patched"] if k.startswith("sm90/")]
+    assert len(sm90) == 4
+    assert {k: got["patched"][k] for k in sm90} == {k: got["pristine"][k] for k in sm90}
+
+
+@pytest.mark.network
+def test_overlay_identity_in_the_applied_tree(trees, deps) -> None:
+    res = harness.run_probes(trees["patched"], ["8.0"], probes=("overlay_identity",))
+    ident = res["8.0"]["overlay_identity"]
+    assert ident.get("check_upstream") == "ok", ident
+    assert ident["vllm.__version__"] == harness.VLLM_VERSION
+    assert ident["identity"]["vllm_version"] == harness.VLLM_VERSION
+    version_py = "vllm/_version.py"
+    assert ((trees["patched"] / version_py).read_bytes()
+            == (trees["pristine"] / version_py).read_bytes())
+
+
+def test_identity_check_refuses_another_vllm(tmp_path) -> None:
+    """check_upstream() names both versions when the overlay sits in another vLLM."""
+    pkg = tmp_path / "vllm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text(
+        "__version__ = '0.32.0'\n__commit_id__ = 'g0123456789'\n")
+    (pkg / "deepinfer_sm80_overlay.py").write_bytes(IDENTITY.read_bytes())
+    code = ("from vllm import deepinfer_sm80_overlay as o\n"
+            "try:\n    o.check_upstream()\nexcept RuntimeError as e:\n    print('refused', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("refused") and "0.32.0" in out and "0.33.0" in out
+
+
+@pytest.mark.network
+def test_pip_install_of_the_tree_ships_deepinfer_sm80(trees) -> None:
+    import setuptools
+
+    tree = trees["patched"]
+    pyproject = tomllib.loads((tree / "pyproject.toml").read_text())
+    find = pyproject["tool"]["setuptools"]["packages"]["find"]
+    found = set(setuptools.find_packages(where=str(tree / find["where"][0]),
+                                         include=find["include"]))
+    expected = {".".join(d.relative_to(tree).parts)
+                for d in (tree / "deepinfer_sm80").rglob("*")
+                if d.is_dir() and any(d.glob("*.py")) and "__pycache__" not in d.parts}
+    expected.add("deepinfer_sm80")
+    missing = sorted(expected - found)
+    assert not missing, (f"not installed (a directory without __init__.py?): {missing}")
+    assert "vllm.models.deepseek_v4.nvidia" in found
+    # the built extension travels as package data
+    setup = ast.parse((tree / "setup.py").read_text())
+    data = next(n.value for n in ast.walk(setup) if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", None) == "package_data" for t in n.targets))
+    keys = {k.value: [e.value for e in v.elts] for k, v in zip(data.keys, data.values)}
+    assert any(re.fullmatch(r"\*\.so\*?", g) for g in keys.get("deepinfer_sm80", []))
+    # and the pristine discovery would not ship it (the patch is what does)
+    pristine_find = 'include = ["vllm*"]'
+    assert pristine_find in subprocess.run(
+        ["git", "-C", str(tree), "show", "refs/deepinfer/base:pyproject.toml"],
+        capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.network
+def test_every_python_file_the_series_changes_compiles(trees, tmp_path) -> None:
+    tree = trees["patched"]
+    changed = subprocess.run(
+        ["git", "-C", str(tree), "diff", "--name-only", "--diff-filter=AM",
+         "refs/deepinfer/base", "HEAD", "--", "*.py"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert "vllm/models/deepseek_v4/nvidia/model.py" in changed
+    for rel in changed:
+        py_compile.compile(str(tree / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
