@@ -142,7 +142,7 @@ def test_gpu_bundle_contents(tmp_path, monkeypatch):
     with tarfile.open(out) as tar:
         names = set(tar.getnames())
         top = bundle.TOP
-        for rel in ("Makefile", "mk/bench.mk", "setup.sh", "BUNDLE.json", "README-bundle.md",
+        for rel in ("Makefile", "mk/bench.mk", "mk/00-bundle.mk", "setup.sh", "BUNDLE.json", "README-bundle.md",
                     "bench/common.py", "bench/upstream_import.py", "tools/deepinfer/bundle.py",
                     "overlay/deepinfer_sm80/triton_portable/gather.py",
                     "vllm-tree/vllm/models/ops/kern.py", "vllm-tree/LICENSE",

@@ -5,8 +5,9 @@ vLLM, no network) that builds the extension there and runs ``make gpu-test`` and
 Contents (top folder ``deepinfer-gpu-bundle/``):
 
 - ``Makefile``, ``mk/``, ``pyproject.toml``, ``tools/``: the project's own make targets,
-  unchanged; ``setup.sh`` points them at the machine's ``python3`` (a ``.venv/bin/python``
-  wrapper and fresh venv stamps), so no virtualenv or index is needed there;
+  unchanged, plus ``mk/00-bundle.mk`` (``make build`` installs into ``overlay/``);
+  ``setup.sh`` points them at the machine's ``python3`` (a ``.venv/bin/python`` wrapper and
+  fresh venv stamps), so no virtualenv or index is needed there;
 - ``csrc/``, ``overlay/deepinfer_sm80/``, ``tests/``, ``bench/``, ``docs/benchmarks.md``,
   ``scripts/``;
 - ``vllm-tree/``: the Python part of the applied vLLM tree (``vllm/**/*.py`` + LICENSE),
@@ -87,6 +88,12 @@ touch .venv/.stamp-tool .venv/.stamp-torch
 export DEEPINFER_VLLM_TREE="$here/vllm-tree"
 .venv/bin/python bench/upstream_import.py --tree "$here/vllm-tree" || true
 echo "setup.sh: ready (make build | gpu-test | bench)"
+"""
+
+BUNDLE_MK = """# GPU bundle only (written by tools/deepinfer/bundle.py; read before the other mk/*.mk):
+# the bundle has no applied vLLM tree, so `make build` installs the extension into
+# overlay/deepinfer_sm80/, where the tests and benchmarks load it.
+BUILD_DIR ?= overlay
 """
 
 README = """# DeepInfer-SM80 GPU bundle
@@ -229,6 +236,7 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
             _add_bytes(tar, f"{TOP}/wheelhouse/MODULES",
                        "".join(f"{w} {m}\n" for w, m in modules).encode())
             _add_bytes(tar, f"{TOP}/setup.sh", SETUP_SH.encode(), 0o755)
+            _add_bytes(tar, f"{TOP}/mk/00-bundle.mk", BUNDLE_MK.encode())
             _add_bytes(tar, f"{TOP}/README-bundle.md", README.encode())
             manifest["vllm_py_files"] = nvllm
             _add_bytes(tar, f"{TOP}/BUNDLE.json", (json.dumps(manifest, indent=1) + "\n").encode())
