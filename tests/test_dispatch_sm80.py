@@ -74,7 +74,7 @@ def test_sm90_plus_decisions_equal_upstream(decisions, cap: str, installed: str)
     pristine = decisions[("pristine", installed)][cap]
     for probe, want in pristine.items():
         got = patched[probe]
-        if probe == "attention_warmup":
+        if probe in ("attention_warmup", "backend_support"):
             got = {k: v for k, v in got.items() if k in want}  # the SM80 backend is new
         assert got == want, f"{probe} at {cap} ({installed}): patched {got} != {want}"
     # Probes that error out in both trees would compare equal without testing anything.
@@ -118,6 +118,8 @@ def _expect_sm8x(d: dict[str, Any]) -> list[str]:
     check("warmup:_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
           not in d["attention_warmup"]["FLASHMLA_SPARSE_DSV4"],
           "CuTeDSL gather warmed up below 9.0")
+    check(d["backend_support"] == {"FLASHMLA": False, "FLASHINFER": False, "ampere": True},
+          f"backends supporting this capability -> {d['backend_support']}")
     check(d["tile_scheduler"] == "calls=0 types=-", f"tile scheduler -> {d['tile_scheduler']}")
     check(d["indexer_decode_metadata"] == "none",
           f"DeepGEMM schedule metadata -> {d['indexer_decode_metadata']}")

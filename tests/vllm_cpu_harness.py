@@ -570,6 +570,28 @@ def probe_attention_warmup() -> dict[str, list[str]]:
     return out
 
 
+def probe_backend_support() -> dict[str, bool]:
+    """``supports_compute_capability`` of the DeepSeek-V4 sparse-MLA backends at the
+    probed capability (advisory for DSv4, which bypasses the generic selector)."""
+    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend,
+    )
+    from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLABackend
+    from vllm.platforms.interface import DeviceCapability
+
+    backends: dict[str, Any] = {"FLASHMLA": DeepseekV4FlashMLABackend,
+                                "FLASHINFER": DeepseekV4FlashInferMLASparseBackend}
+    try:
+        from vllm.models.deepseek_v4.nvidia.ampere_sparse import (
+            DeepseekV4AmpereSparseMLABackend,
+        )
+        backends["ampere"] = DeepseekV4AmpereSparseMLABackend
+    except ImportError:
+        pass
+    cap = DeviceCapability(major=_CAPABILITY[0], minor=_CAPABILITY[1])
+    return {name: bool(b.supports_compute_capability(cap)) for name, b in backends.items()}
+
+
 def probe_tile_scheduler() -> str:
     """Whether the SWA metadata builder asks FlashMLA for tile-scheduler structs."""
     from vllm.v1.attention.backends.mla import sparse_swa
@@ -780,6 +802,7 @@ PROBES: dict[str, Callable[[], Any]] = {
     "compressor_warmup": probe_compressor_warmup,
     "indexer_warmup": probe_indexer_warmup,
     "attention_warmup": probe_attention_warmup,
+    "backend_support": probe_backend_support,
     "tile_scheduler": probe_tile_scheduler,
     "indexer_decode_metadata": probe_indexer_decode_metadata,
     "inv_rope_warmup": probe_inv_rope_warmup,
