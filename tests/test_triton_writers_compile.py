@@ -91,6 +91,14 @@ def _sources():
         "index_q": (_index_q(), 1),
     }
     out.update(_c128_two_stage())
+    from deepinfer_sm80.ampere import o_proj
+
+    inv = o_proj._triton_inverse_rope()
+    sig = {"o_ptr": "*bf16", "o_s0": "i64", "o_s1": "i64", "pos_ptr": "*i64", "cs_ptr": "*fp32",
+           "cs_s0": "i64", "out_ptr": "*bf16", "out_s0": "i64", "H": "i32",
+           "D": "constexpr", "NOPE": "constexpr", "HALF": "constexpr"}
+    out["inverse_rope"] = (ASTSource(fn=inv, signature=sig,
+                                     constexprs={"D": 512, "NOPE": 448, "HALF": 32}), 4)
     try:
         from deepinfer_sm80.ampere import indexer_triton
     except ImportError:

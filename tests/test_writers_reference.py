@@ -116,3 +116,7 @@ def test_interp_index_q_exact(interp_results):
 def test_interp_fused_indexer_scorer_sets(interp_results):
     assert interp_results["indexer_fused_prefill_sets_equal"]
     assert interp_results["indexer_fused_decode_sets_equal"]
+
+
+def test_interp_inverse_rope_kernel(interp_results):
+    assert interp_results["inverse_rope_equal"]

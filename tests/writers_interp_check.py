@@ -178,8 +178,25 @@ def run_indexer_fused(res):
     res["indexer_fused_decode_sets_equal"] = bool(ok)
 
 
+def run_inverse_rope(res):
+    from deepinfer_sm80.ampere import o_proj as O
+
+    g = torch.Generator().manual_seed(9)
+    T, Hp, H, D = 5, 16, 8, 512
+    o_pad = torch.randn(T, Hp, D, generator=g).to(torch.bfloat16)
+    o = o_pad[:, :H]  # the live heads of the padded buffer (strided)
+    pos = torch.randint(0, 100, (T,), generator=g)
+    cs = torch.randn(100, 64, generator=g)
+    out = torch.empty(T, H * D, dtype=torch.bfloat16)
+    O._triton_inverse_rope()[(T, H)](o, o.stride(0), o.stride(1), pos, cs, cs.stride(0), out,
+                                     out.stride(0), H, D=D, NOPE=448, HALF=32)
+    ref = O.inverse_rope_bf16(o, pos, cs, 448).reshape(T, H * D)
+    res["inverse_rope_equal"] = bool(torch.equal(out, ref))
+
+
 def main():
     res = {}
+    run_inverse_rope(res)
     run_indexer_fused(res)
     run_codecs(res)
     run_store(res, "c4", 4, 512, [3, 21, 45], first_pos=[0, 0, 9])

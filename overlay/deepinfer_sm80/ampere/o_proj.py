@@ -42,6 +42,39 @@ def inverse_rope_bf16(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: t
     return out
 
 
+def _triton_inverse_rope():
+    """The Triton inverse-RoPE kernel, or None where Triton is unavailable."""
+    try:
+        from .o_proj_triton import inverse_rope_kernel
+    except ImportError:
+        return None
+    return inverse_rope_kernel
+
+
+_INV_ROPE = None
+
+
+def inverse_rope_flat(o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      nope_dim: int = 448) -> torch.Tensor:
+    """Inverse RoPE of ``o`` [T, H, D] (any head stride) into a contiguous
+    bf16 [T, H * D]; one Triton kernel on CUDA, torch elsewhere."""
+    global _INV_ROPE
+    T, H, D = o.shape
+    if not o.is_cuda or o.dtype != torch.bfloat16 or o.stride(-1) != 1:
+        return inverse_rope_bf16(o, positions, cos_sin_cache, nope_dim).reshape(T, H * D)
+    if _INV_ROPE is None:
+        _INV_ROPE = _triton_inverse_rope() or False
+    out = torch.empty((T, H * D), dtype=o.dtype, device=o.device)
+    if not _INV_ROPE:
+        inverse_rope_bf16(o, positions, cos_sin_cache, nope_dim, out=out.view(T, H, D))
+        return out
+    if T:
+        _INV_ROPE[(T, H)](o, o.stride(0), o.stride(1), positions, cos_sin_cache,
+                          cos_sin_cache.stride(0), out, out.stride(0), H, D=D, NOPE=nope_dim,
+                          HALF=(D - nope_dim) // 2, num_warps=4)
+    return out
+
+
 def grouped_wo_a(o_rot: torch.Tensor, wo_a_grouped: torch.Tensor) -> torch.Tensor:
     """``o_rot`` [T, G * hpg, D] bf16, ``wo_a_grouped`` [G, R, hpg * D] bf16 ->
     z [T, G, R] bf16 (fp32 accumulation in cuBLAS)."""
@@ -61,8 +94,8 @@ def o_proj_sm80(
     *,
     nope_dim: int = 448,
 ) -> torch.Tensor:
-    o_rot = inverse_rope_bf16(o, positions, cos_sin_cache, nope_dim)
-    z = grouped_wo_a(o_rot, wo_a_grouped)
+    o_rot = inverse_rope_flat(o, positions, cos_sin_cache, nope_dim)
+    z = grouped_wo_a(o_rot.view(o.shape), wo_a_grouped)
     return wo_b(z.reshape(z.shape[0], -1))
 
 
