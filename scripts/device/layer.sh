@@ -10,7 +10,7 @@
 # without it the layer uses whatever deepinfer_sm80 finds (portable otherwise).
 # A GPU bundle carried at $BUNDLE (default .devcarry/h7-bundle.tar.gz, else
 # dist/deepinfer-gpu-bundle.tar.gz) provides the vLLM tree + wheels for the
-# upstream-writer comparisons.  Logs go to $OUT.
+# upstream-writer comparisons.  TESTS overrides the test files.  Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -51,7 +51,7 @@ if [ "$MODE" = all ] || [ "$MODE" = test ]; then
   export WRITERS_LOG=$OUT/writers.txt LAYER_LOG=$OUT/layer.txt
   K=(); [ -n "$KEXPR" ] && K=(-k "$KEXPR")
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider "${K[@]}" \
-    tests/gpu/test_writers_gpu.py tests/gpu/test_ampere_layer.py >"$OUT/test.log" 2>&1
+    ${TESTS:-tests/gpu/test_writers_gpu.py tests/gpu/test_ampere_layer.py} >"$OUT/test.log" 2>&1
   rc=$?
   echo "tests rc=$rc in $((SECONDS - t0)) s"
   grep -E "^(E  |FAILED|ERROR|SKIPPED)|passed|failed|ampere ops" "$OUT/test.log" | head -40
