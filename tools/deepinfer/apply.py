@@ -582,6 +582,18 @@ def _materialize_base(ps: PatchSet, spec: source.SourceSpec,
     return tree, base, src
 
 
+def _prune_base_cache(bases: Path) -> None:
+    """Drop cache entries written by another cache format (they are never read again)."""
+    for entry in bases.iterdir():
+        meta = entry / "base.json"
+        try:
+            stale = json.loads(meta.read_text()).get("format") != BASE_CACHE_FORMAT
+        except (OSError, ValueError):
+            stale = entry.is_dir() and not entry.name.startswith(".")
+        if stale:
+            source.remove_tree(entry)
+
+
 def _write_base_cache(tree: GitTree, base: str, src: source.SourceInfo, cdir: Path) -> None:
     tmp = cdir.parent / f".{cdir.name}.tmp-{os.getpid()}"
     try:
@@ -594,6 +606,7 @@ def _write_base_cache(tree: GitTree, base: str, src: source.SourceInfo, cdir: Pa
              "commit": src.commit, "label": src.label}, indent=2) + "\n")
         source.remove_tree(cdir)
         os.rename(tmp, cdir)
+        _prune_base_cache(cdir.parent)
     except (OSError, DeepinferError) as exc:
         warn(f"could not cache the base commit in {cdir}: {exc}")
     finally:
