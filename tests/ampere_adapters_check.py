@@ -128,7 +128,52 @@ def main():
             SimpleNamespace(cos_sin_cache=a["cos_sin_cache"]),
             {"layer.attn": SimpleNamespace(slot_mapping=a["kv_slot_mapping"])}, {})
         res[f"compressor_c{ratio}"] = compare_fp8_bytes(case.raw, want_bytes, case)
+    res["indexer_decode_adapter"] = check_indexer_decode_adapter()
     print("RESULT " + json.dumps(res))
+
+
+def check_indexer_decode_adapter():
+    """AmpereSparseAttnIndexer on a uniform decode batch (3 requests x 2
+    tokens) with vLLM-shaped metadata: the top-k buffer rows equal the
+    float64 oracle's sets; rows beyond the batch are reset to -1."""
+    from deepinfer_sm80.ampere import indexer as I
+    from indexer_cases import dyadic_fp8, dyadic_weights, k_scales, logits64
+
+    mi = sys.modules[f"{NV}.ampere_indexer"]
+    g = torch.Generator().manual_seed(3)
+    B, NN, H, D, bs, nb, K = 3, 2, 64, 128, 64, 8, 64
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    raw = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    raw[:, : bs * D] = codes.view(nb, -1)
+    raw[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    pages = raw.view(nb, bs, 132)
+    bt = torch.tensor([[3, 1], [0, 5], [7, 2]], dtype=torch.int32)
+    seq = torch.tensor([[90, 91], [30, 31], [127, 128]], dtype=torch.int32)  # compressed
+    q, q64 = dyadic_fp8((B * NN, H, D), g)
+    w64 = dyadic_weights((B * NN, H), g)
+    buf = torch.full((B * NN + 2, K), 7, dtype=torch.int32)
+    op = object.__new__(mi.AmpereSparseAttnIndexer)
+    torch.nn.Module.__init__(op)
+    op.k_cache = SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages)
+    op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, K, D
+    op.max_total_seq_len = 1024
+    md = SimpleNamespace(num_prefills=0, num_decodes=B, num_decode_tokens=B * NN, prefill=None,
+                         decode=SimpleNamespace(decode_lens=torch.full((B,), NN), seq_lens=seq,
+                                                requires_padding=False, block_table=bt))
+    mi.get_forward_context = lambda: SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})
+    op._forward(torch.zeros(B * NN + 2, 16), q.view(torch.float8_e4m3fn), None,
+                w64.float())
+    ok = bool((buf[B * NN:] == -1).all())
+    for b in range(B):
+        kv = torch.cat([vals[int(p)] for p in bt[b]])
+        ks = torch.cat([sc[int(p)] for p in bt[b]])
+        L = logits64(q64[b * NN:(b + 1) * NN], w64[b * NN:(b + 1) * NN], kv, ks)
+        valid = torch.arange(kv.shape[0]).unsqueeze(0) < seq[b].unsqueeze(1)
+        want = I.reference_topk_sets(L, valid, K)
+        for i in range(NN):
+            ok &= {j for j in buf[b * NN + i].tolist() if j >= 0} == want[i]
+    return ok
 
 
 if __name__ == "__main__":

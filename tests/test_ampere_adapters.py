@@ -75,3 +75,7 @@ def test_compressor_store_bytes(results, ratio):
     r = results[f"compressor_c{ratio}"]
     assert r["codes"] > 0 and r["untouched_equal"]
     assert r["codes_exact"] == 1.0 and r["scales_exact"] == 1.0 and r["rope_exact"] == 1.0
+
+
+def test_indexer_adapter_decode_sets(results):
+    assert results["indexer_decode_adapter"]
