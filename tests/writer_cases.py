@@ -100,9 +100,9 @@ def call_sm80_store(case):
 
 def entry_regions(case):
     """Byte masks over a flat page for (fp8 codes, scales, bf16 rope) of the
-    written entries, plus the set of (page, slot) written."""
+    written entries."""
     a = case.args
-    kvbs, entry = case.kvbs, case.entry
+    kvbs = case.kvbs
     head = a["head_dim"]
     kvslot = a["kv_slot_mapping"].cpu()
     slot = a["slot_mapping"].cpu()
