@@ -263,3 +263,29 @@ def test_every_python_file_the_series_changes_compiles(trees, tmp_path) -> None:
     assert "vllm/models/deepseek_v4/nvidia/model.py" in changed
     for rel in changed:
         py_compile.compile(str(tree / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("cap", ["8.0", "8.6"])
+def test_every_warmup_a_dsv4_model_registers_on_sm8x_compiles(trees, deps, cap) -> None:
+    """vLLM compiles every registered JIT warmup key at start-up and a failing compile
+    aborts it. Build the layers of a C4/C128/SWA model on the patched tree with the SM80
+    backend and compile each registered key for the capability, ahead of time."""
+    res = harness.run_probes(trees["patched"], [cap], probes=("warmup_aot",))[cap]
+    got = res["warmup_aot"]
+    assert "error" not in got, got
+    assert got.pop("backend") == "AMPERE_SPARSE_DSV4"
+    assert got.pop("construct") == []
+    assert len(got) >= 5, got
+    for kernel, entry in got.items():
+        assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (kernel, entry)
+
+
+@pytest.mark.network
+def test_pristine_warmups_fail_to_compile_on_sm80(trees, deps) -> None:
+    """The check above can fail: upstream registers FP8 Triton and CuTeDSL kernels."""
+    got = harness.run_probes(trees["pristine"], ["8.0"], probes=("warmup_aot",))["8.0"][
+        "warmup_aot"]
+    failing = {k for k, v in got.items() if isinstance(v, dict) and v.get("failed")}
+    assert {"FusedInvRopeFP8QuantKernel.kernel",
+            "FusedIndexerQRopeQuantTritonKernel.kernel"} <= failing, got

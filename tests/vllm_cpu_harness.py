@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -413,94 +414,158 @@ def probe_compressor_store() -> dict[str, str]:
     return out
 
 
-def probe_compressor_warmup() -> dict[str, list[str]]:
-    """Kernels ``DeepseekCompressor.__init__`` registers for JIT warmup."""
+def _stub_cls() -> type:
+    """An ``nn.Module`` that accepts any constructor arguments (linear layers, norms,
+    caches and the other parts a constructor under test builds but does not decide)."""
     import torch
 
+    class Stub(torch.nn.Module):
+        block_size = 64
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+            self.weight = None
+            self.prefix = kwargs.get("prefix", "")
+
+    return Stub
+
+
+def _v4_config() -> Any:
+    """A small stand-in ``VllmConfig`` with DeepSeek-V4-Flash layer dimensions: layer 0
+    is C4 (with indexer), layer 1 C128, layer 2 sliding-window only."""
+    hf = types.SimpleNamespace(
+        hidden_size=4096, num_attention_heads=64, q_lora_rank=1024, o_lora_rank=1024,
+        head_dim=512, qk_rope_head_dim=64, o_groups=8, sliding_window=128,
+        num_hidden_layers=3, layer_types=["compressed_sparse_attention",
+                                          "heavily_compressed_attention",
+                                          "sliding_attention"],
+        compress_rates={"compressed_sparse_attention": 4,
+                        "heavily_compressed_attention": 128},
+        rms_norm_eps=1e-6, max_position_embeddings=4096, index_topk=512,
+        index_n_heads=64, index_head_dim=128, model_type="deepseek_v4",
+        num_nextn_predict_layers=1)
+    import torch
+
+    from vllm.config import AttentionConfig
+
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
+                                           max_model_len=4096, dtype=torch.bfloat16),
+        parallel_config=types.SimpleNamespace(
+            tensor_parallel_size=1, decode_context_parallel_size=1,
+            prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
+        attention_config=AttentionConfig(),
+        quant_config=None,
+        cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=64),
+        kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
+        compilation_config=types.SimpleNamespace(static_forward_context={}),
+        speculative_config=None, use_v2_model_runner=True)
+
+
+def _construct_compressor(cfg: Any, head_dim: int, ratio: int) -> None:
     from vllm.models.deepseek_v4 import compressor as comp
 
+    stub = _stub_cls()
+    with _patched([(comp, "MergedColumnParallelLinear", stub), (comp, "RMSNorm", stub),
+                   (comp, "CompressorStateCache", stub),
+                   (type(_current_platform()), "device_type", "cpu")]):
+        comp.DeepseekCompressor(cfg, ratio, cfg.model_config.hf_config.hidden_size,
+                                head_dim, rotate=True, prefix="c", k_cache_prefix="k")
+
+
+def _construct_indexer(cfg: Any, use_fp4: bool) -> None:
+    import torch
+
+    from vllm.models.deepseek_v4 import attention
+
+    stub = _stub_cls()
+
+    class Indexer(attention.DeepseekV4Indexer):
+        def _get_cache_cls(self) -> Any:
+            return stub
+
+        def _get_compressor_cls(self) -> Any:
+            return stub
+
+        def _get_attn_cls(self) -> Any:
+            return stub
+
+    with _patched([(attention, "ReplicatedLinear", stub),
+                   (attention, "dsa_indexer_uses_fp4", lambda _cfg: use_fp4),
+                   (attention, "get_max_prefill_buffer_size", lambda _cfg: 4096),
+                   (torch.cuda, "Event", stub)]):
+        Indexer(cfg, cfg.model_config.hf_config, 4096, 1024, None, object(), None,
+                compress_ratio=4, prefix="layers.0.attn.indexer")
+
+
+def _construct_attention(cfg: Any, backend: Any, layer: int) -> None:
+    import torch
+
+    from vllm.models.deepseek_v4 import attention
+
+    stub = _stub_cls()
+
+    class Layer(attention.DeepseekV4Attention):
+        backend_cls = backend
+
+        @classmethod
+        def get_padded_num_q_heads(cls, num_heads: int) -> int:
+            return num_heads
+
+        def forward_mqa(self, *args: Any) -> None:
+            raise NotImplementedError
+
+        def _o_proj(self, *args: Any) -> Any:
+            raise NotImplementedError
+
+        def _get_indexer_cls(self, vllm_config: Any) -> Any:
+            return stub
+
+    with _patched([(attention, name, stub) for name in (
+            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
+            "build_deepseek_v4_rope")] + [
+            (attention, "get_tensor_model_parallel_world_size", lambda: 1),
+            (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
+            (torch.cuda, "Event", stub)]):
+        Layer(cfg, f"model.layers.{layer}.attn")
+
+
+def _attempt(log: list[str], build: Callable[[], None]) -> list[str]:
+    try:
+        build()
+    except Exception as exc:
+        log.append(f"!{type(exc).__name__}: {exc}"[:200])
+    return log
+
+
+def probe_compressor_warmup() -> dict[str, list[str]]:
+    """Kernels ``DeepseekCompressor.__init__`` registers for JIT warmup."""
     out = {}
     for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
         log: list[str] = []
-        cfg = types.SimpleNamespace(
-            model_config=types.SimpleNamespace(
-                hf_config=types.SimpleNamespace(qk_rope_head_dim=64, rms_norm_eps=1e-6),
-                max_model_len=4096),
-            scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
-            kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
-            cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla"),
-            compilation_config=types.SimpleNamespace(static_forward_context={}))
-
-        class _Stub(torch.nn.Module):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__()
-                self.weight = None
-
         with _recording_warmups(log), _patched(
-                _fake_modules(log, _CUTEDSL_OPS + "sparse_attn_compress_cutedsl") + [
-                    (comp, "MergedColumnParallelLinear", _Stub), (comp, "RMSNorm", _Stub),
-                    (comp, "CompressorStateCache", _Stub),
-                    (type(_current_platform()), "device_type", "cpu")]):
-            try:
-                comp.DeepseekCompressor(cfg, ratio, 4096, head_dim, rotate=True,
-                                        prefix="c", k_cache_prefix="k")
-                out[f"{head_dim}/c{ratio}"] = log
-            except Exception as exc:
-                out[f"{head_dim}/c{ratio}"] = log + [f"!{type(exc).__name__}: {exc}"[:200]]
+                _fake_modules(log, _CUTEDSL_OPS + "sparse_attn_compress_cutedsl")):
+            out[f"{head_dim}/c{ratio}"] = _attempt(
+                log, lambda: _construct_compressor(_v4_config(), head_dim, ratio))
     return out
 
 
 def probe_indexer_warmup() -> dict[str, list[str]]:
     """Kernels ``DeepseekV4Indexer.__init__`` registers for JIT warmup: the CuTeDSL
     index-Q kernel, or through ``_register_q_quant_warmup`` the Triton one."""
-    import torch
-
-    from vllm.models.deepseek_v4 import attention
-
-    class _Stub(torch.nn.Module):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__()
-            self.prefix = kwargs.get("prefix", "")
-
-    class Indexer(attention.DeepseekV4Indexer):
-        def _get_cache_cls(self) -> Any:
-            return _Stub
-
-        def _get_compressor_cls(self) -> Any:
-            return _Stub
-
-        def _get_attn_cls(self) -> Any:
-            return _Stub
-
     out = {}
     for use_fp4 in (False, True):
         log: list[str] = []
-        cfg = types.SimpleNamespace(
-            model_config=types.SimpleNamespace(max_model_len=4096),
-            kernel_config=types.SimpleNamespace(enable_jit_warmup=True))
-        hf = types.SimpleNamespace(index_topk=512, index_n_heads=64, index_head_dim=128,
-                                   qk_rope_head_dim=64)
         with _recording_warmups(log), _patched(
-                _fake_modules(log, _CUTEDSL_OPS + "fused_indexer_q_cutedsl") + [
-                    (attention, "ReplicatedLinear", _Stub),
-                    (attention, "dsa_indexer_uses_fp4", lambda _cfg: use_fp4),
-                    (attention, "get_max_prefill_buffer_size", lambda _cfg: 4096),
-                    (torch.cuda, "Event", _Stub)]):
-            try:
-                Indexer(cfg, hf, 4096, 1024, None, object(), None, compress_ratio=4,
-                        prefix="layers.0.attn.indexer")
-            except Exception as exc:
-                log.append(f"!{type(exc).__name__}: {exc}"[:200])
-        out["mxfp4" if use_fp4 else "fp8"] = log
+                _fake_modules(log, _CUTEDSL_OPS + "fused_indexer_q_cutedsl")):
+            out["mxfp4" if use_fp4 else "fp8"] = _attempt(
+                log, lambda: _construct_indexer(_v4_config(), use_fp4))
     return out
 
 
-def probe_attention_warmup() -> dict[str, list[str]]:
-    """Kernels ``DeepseekV4Attention.__init__`` registers for JIT warmup (C4 layer),
-    for the FlashMLA backend and, where the tree has it, the SM80 backend."""
-    import torch
-
-    from vllm.models.deepseek_v4 import attention
+def _dsv4_backends() -> dict[str, Any]:
     from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLABackend
 
     backends: dict[str, Any] = {"FLASHMLA_SPARSE_DSV4": DeepseekV4FlashMLABackend}
@@ -511,63 +576,105 @@ def probe_attention_warmup() -> dict[str, list[str]]:
         backends["ampere"] = DeepseekV4AmpereSparseMLABackend
     except ImportError:
         pass
+    return backends
 
-    class _Stub(torch.nn.Module):
-        block_size = 64
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__()
-            self.weight = None
-
-    hf = types.SimpleNamespace(
-        hidden_size=4096, num_attention_heads=64, q_lora_rank=1024, o_lora_rank=1024,
-        head_dim=512, qk_rope_head_dim=64, o_groups=8, sliding_window=128,
-        num_hidden_layers=4, layer_types=["compressed_sparse_attention"] * 4,
-        compress_rates={"compressed_sparse_attention": 4}, rms_norm_eps=1e-6,
-        max_position_embeddings=4096)
+def probe_attention_warmup() -> dict[str, list[str]]:
+    """Kernels ``DeepseekV4Attention.__init__`` registers for JIT warmup (C4 layer),
+    for the FlashMLA backend and, where the tree has it, the SM80 backend."""
     out = {}
-    for label, backend in backends.items():
+    for label, backend in _dsv4_backends().items():
         log: list[str] = []
-        cfg = types.SimpleNamespace(
-            model_config=types.SimpleNamespace(hf_config=hf, max_model_len=4096),
-            quant_config=None, cache_config=types.SimpleNamespace(cache_dtype="fp8"),
-            kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
-            scheduler_config=types.SimpleNamespace(max_num_batched_tokens=64),
-            compilation_config=types.SimpleNamespace(static_forward_context={}),
-            speculative_config=None, use_v2_model_runner=True)
-
-        class Layer(attention.DeepseekV4Attention):
-            backend_cls = backend
-
-            @classmethod
-            def get_padded_num_q_heads(cls, num_heads: int) -> int:
-                return num_heads
-
-            def forward_mqa(self, *args: Any) -> None:
-                raise NotImplementedError
-
-            def _o_proj(self, *args: Any) -> Any:
-                raise NotImplementedError
-
-            def _get_indexer_cls(self, vllm_config: Any) -> Any:
-                return _Stub
-
-        with _recording_warmups(log), _patched([
-                (attention, name, _Stub) for name in (
-                    "MergedColumnParallelLinear", "ColumnParallelLinear",
-                    "RowParallelLinear", "RMSNorm", "DeepseekV4SWACache",
-                    "DeepseekCompressor")] + [
-                (attention, "build_deepseek_v4_rope", _Stub),
-                (attention, "get_tensor_model_parallel_world_size", lambda: 1),
-                (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
-                (torch.cuda, "Event", _Stub)] + _fake_modules(
-                    log, _CUTEDSL_OPS + "dequant_gather_k_cutedsl")):
-            try:
-                Layer(cfg, "model.layers.0.attn")
-            except Exception as exc:
-                log.append(f"!{type(exc).__name__}: {exc}"[:200])
-        out[label] = log
+        with _recording_warmups(log), _patched(
+                _fake_modules(log, _CUTEDSL_OPS + "dequant_gather_k_cutedsl")):
+            out[label] = _attempt(log, lambda: _construct_attention(_v4_config(), backend, 0))
     return out
+
+
+class _AotDriver:
+    """A Triton driver that only answers what ``JITFunction.warmup`` asks, for a GPU
+    that is not there: compile for ``target``, launch nothing."""
+
+    def __init__(self, capability: int) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", capability, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def probe_warmup_aot() -> dict[str, Any]:
+    """Compile, ahead of time for the probed capability, every JIT warmup key that a
+    DeepSeek-V4 model's layers register on this tree (attention C4/C128/SWA layers with
+    the SM80 backend where the tree has it, else FlashMLA; compressors; the indexer):
+    kernel -> {"keys", "compiled", "failed": [first messages]}. Registrations to
+    CuTeDSL kernels are reported as failures: they cannot compile below SM90."""
+    from triton.runtime import driver
+
+    from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+
+    registrations: list[tuple[Any, tuple, dict]] = []
+    cutedsl: list[str] = []
+
+    def capture(self: Any, *args: Any, **kwargs: Any) -> None:
+        registrations.append((self, args, kwargs))
+
+    cfg = _v4_config()
+    backends = _dsv4_backends()
+    backend = backends.get("ampere", backends["FLASHMLA_SPARSE_DSV4"])
+    failures: list[str] = []
+    with _patched([(VllmJitKernel, "register_warmup", capture)] + _fake_modules(
+            cutedsl, *(_CUTEDSL_OPS + m for m in (
+                "dequant_gather_k_cutedsl", "fused_indexer_q_cutedsl",
+                "sparse_attn_compress_cutedsl")))):
+        for layer in range(3):
+            _attempt(failures, lambda: _construct_attention(cfg, backend, layer))
+        for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
+            _attempt(failures, lambda: _construct_compressor(cfg, head_dim, ratio))
+        _attempt(failures, lambda: _construct_indexer(cfg, False))
+
+    results: dict[str, Any] = {"backend": backend.get_name(), "construct": failures}
+    for name in cutedsl:
+        results[name.removeprefix("warmup:")] = {"keys": 1, "compiled": 0,
+                                                 "failed": ["CuTeDSL kernel"]}
+    saved = driver._active  # no default driver exists without a GPU
+    driver.set_active(_AotDriver(_CAPABILITY[0] * 10 + _CAPABILITY[1]))
+    try:
+        by_kernel: dict[int, tuple[Any, list[tuple[tuple, dict]]]] = {}
+        for kernel, args, kwargs in registrations:
+            by_kernel.setdefault(id(kernel), (kernel, []))[1].append((args, kwargs))
+        for kernel, regs in by_kernel.values():
+            entry = {"keys": 0, "compiled": 0, "failed": []}
+            keys: dict[Any, None] = {}
+            try:
+                for args, kwargs in regs:
+                    # as JitWarmupRegistry.warmup does
+                    if not args and not kwargs and "vllm_config" in inspect.signature(
+                            kernel.get_warmup_keys).parameters:
+                        kwargs = {"vllm_config": cfg}
+                    keys.update(dict.fromkeys(kernel.get_warmup_keys(*args, **kwargs)))
+            except Exception as exc:
+                entry["failed"].append(f"get_warmup_keys: {type(exc).__name__}: {exc}"[:200])
+            for key in keys:
+                entry["keys"] += 1
+                try:
+                    kernel.compile(key)
+                    entry["compiled"] += 1
+                except Exception as exc:
+                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                    if len(entry["failed"]) < 3:
+                        entry["failed"].append(f"{type(exc).__name__}: {msg}"[:200])
+            results[_kernel_name(kernel)] = entry
+    finally:
+        driver._active = saved
+    return results
 
 
 def probe_backend_support() -> dict[str, bool]:
@@ -816,6 +923,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "gate_helpers": probe_gate_helpers,
     "overlay_identity": probe_overlay_identity,
     "inv_rope_aot": probe_inv_rope_aot,
+    "warmup_aot": probe_warmup_aot,
 }
 
 
