@@ -532,6 +532,43 @@ def _construct_attention(cfg: Any, backend: Any, layer: int) -> None:
         Layer(cfg, f"model.layers.{layer}.attn")
 
 
+def _construct_ampere_attention(cfg: Any, layer: int) -> None:
+    """The overlay's SM80 attention layer itself (with its indexer and compressors);
+    only linear layers, norms, caches and RoPE are stand-ins."""
+    import torch
+
+    from vllm.models.deepseek_v4 import attention
+    from vllm.models.deepseek_v4 import compressor as comp
+    from vllm.models.deepseek_v4.nvidia import ampere_sparse
+    from vllm.models.deepseek_v4.nvidia.ampere_indexer import DeepseekV4AmpereIndexer
+
+    stub = _stub_cls()
+
+    class Indexer(DeepseekV4AmpereIndexer):
+        def _get_cache_cls(self) -> Any:
+            return stub
+
+        def _get_attn_cls(self) -> Any:
+            return stub
+
+    class Layer(ampere_sparse.DeepseekV4AmpereSparseAttention):
+        def _get_indexer_cls(self, vllm_config: Any) -> Any:
+            return Indexer
+
+    with _patched([(attention, name, stub) for name in (
+            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "build_deepseek_v4_rope")]
+            + [(comp, name, stub) for name in (
+                "MergedColumnParallelLinear", "RMSNorm", "CompressorStateCache")] + [
+            (attention, "get_tensor_model_parallel_world_size", lambda: 1),
+            (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
+            (attention, "dsa_indexer_uses_fp4", lambda _cfg: False),
+            (attention, "get_max_prefill_buffer_size", lambda _cfg: 4096),
+            (type(_current_platform()), "device_type", "cpu"),
+            (torch.cuda, "Event", stub)]):
+        Layer(cfg, f"model.layers.{layer}.attn")
+
+
 def _attempt(log: list[str], build: Callable[[], None]) -> list[str]:
     try:
         build()
@@ -628,17 +665,22 @@ def probe_warmup_aot() -> dict[str, Any]:
 
     cfg = _v4_config()
     backends = _dsv4_backends()
-    backend = backends.get("ampere", backends["FLASHMLA_SPARSE_DSV4"])
+    ampere = "ampere" in backends
+    backend = backends["ampere" if ampere else "FLASHMLA_SPARSE_DSV4"]
     failures: list[str] = []
     with _patched([(VllmJitKernel, "register_warmup", capture)] + _fake_modules(
             cutedsl, *(_CUTEDSL_OPS + m for m in (
                 "dequant_gather_k_cutedsl", "fused_indexer_q_cutedsl",
                 "sparse_attn_compress_cutedsl")))):
         for layer in range(3):
-            _attempt(failures, lambda: _construct_attention(cfg, backend, layer))
-        for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
-            _attempt(failures, lambda: _construct_compressor(cfg, head_dim, ratio))
-        _attempt(failures, lambda: _construct_indexer(cfg, False))
+            if ampere:  # the overlay's layer: its indexer and compressors included
+                _attempt(failures, lambda: _construct_ampere_attention(cfg, layer))
+            else:
+                _attempt(failures, lambda: _construct_attention(cfg, backend, layer))
+        if not ampere:
+            for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
+                _attempt(failures, lambda: _construct_compressor(cfg, head_dim, ratio))
+            _attempt(failures, lambda: _construct_indexer(cfg, False))
 
     results: dict[str, Any] = {"backend": backend.get_name(), "construct": failures}
     for name in cutedsl:
