@@ -6,8 +6,9 @@ tools branch on it. Ask this module instead whether (and which) DeepInfer-SM80
 patch set and overlay this tree carries::
 
     from vllm import deepinfer_sm80_overlay as overlay
-    overlay.describe()          # 'deepinfer-sm80 0.1.0 on vLLM 0.33.0 (4ba787ec9)'
-    overlay.check_upstream()    # raises if the running vLLM is not the pinned one
+
+    overlay.describe()  # 'deepinfer-sm80 0.1.0 on vLLM 0.33.0 (4ba787ec9)'
+    overlay.check_upstream()  # raises if the running vLLM is not the pinned one
 
 Importing it imports nothing from vLLM; ``check_upstream()`` reads
 ``vllm._version`` when called.
@@ -56,8 +57,9 @@ def check_upstream() -> None:
     commit = (_version.__commit_id__ or "").removeprefix("g")
     if version != PINNED_VLLM_VERSION or not commit.startswith(PINNED_VLLM_COMMIT):
         raise RuntimeError(
-            f"{describe()} is installed into vLLM {version} ({commit or 'no commit id'}); "
-            f"its patches and overlay were written for vLLM {PINNED_VLLM_VERSION} "
+            f"{describe()} is installed into vLLM {version} "
+            f"({commit or 'no commit id'}); its patches and overlay were written "
+            f"for vLLM {PINNED_VLLM_VERSION} "
             f"({PINNED_VLLM_COMMIT}). Rebuild the tree with `make apply` for the vLLM "
             "release you run, or install the tree `make apply` produced."
         )
