@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Final integration call (lead): from the GPU bundle made out of the applied tree
+# (`make apply && make gpu-bundle`, carried at dist/deepinfer-gpu-bundle.tar.gz):
+# build the WHOLE extension (every csrc/ source, SM80 code from compute_80 PTX as sm_90
+# SASS), run every GPU test (tests/gpu), then the attention benchmark with the current
+# harness (copy ceiling = best of eager copy_, graph copy_, graph elementwise kernel).
+#   bash scripts/device/final.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
+[ -f "$BUNDLE" ] || { echo "no $BUNDLE"; exit 2; }
+WORK=/tmp/deepinfer-final; rm -rf "$WORK"; mkdir -p "$WORK"; tar xzf "$BUNDLE" -C "$WORK"
+cd "$WORK/deepinfer-gpu-bundle"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; cat BUNDLE.json; } 2>&1 | tee "$OUT/env.log"
+PYTHON=python3 ./setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+rc=0
+t0=$SECONDS
+.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+  --only-extra --target overlay -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "=== build ok ($((SECONDS - t0)) s)"
+t0=$SECONDS
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/gpu > "$OUT/gpu-tests.log" 2>&1 || rc=1
+tail -15 "$OUT/gpu-tests.log"
+echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
+t0=$SECONDS
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --smem-cap 166912" \
+  .venv/bin/python bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
+tail -45 "$OUT/bench-attention.log"
+echo "=== attention bench ($((SECONDS - t0)) s)"
+cp docs/benchmarks.md "$OUT/benchmarks.md" 2>/dev/null
+find bench/results -name 'attention*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
+echo "final.sh rc=$rc"; exit $rc
