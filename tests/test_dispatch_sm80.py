@@ -3,13 +3,13 @@
 Both trees come from one `deepinfer apply` into a temporary build directory: the
 patched tree is its HEAD (base + series + overlay), the pristine tree is its base
 commit. Each tree is imported in a subprocess with vLLM's pure-Python dependencies
-and a CUDA platform mocked to capabilities 12.0, 10.0, 9.0, 8.6 and 8.0
+and a CUDA platform mocked to capabilities 12.0, 10.0, 9.0, 8.9, 8.6 and 8.0
 (tests/vllm_cpu_harness.py), once with stand-in ``cutlass``/``deep_gemm`` packages
 installed and once without.
 
-- 8.0 / 8.6: every selection point picks the SM80 implementation (expectations below),
-  and the pristine tree decides differently at each of them (so reverting a patch
-  flips a decision this test checks).
+- 8.0 / 8.6 (and 8.9): every selection point picks the SM80 implementation
+  (expectations below), and the pristine tree decides differently at each of them
+  (so reverting a patch flips a decision this test checks).
 - 9.0 / 10.0 / 12.0: every decision equals the pristine tree's.
 
 Marked ``network``: the apply needs the vLLM sdist (downloaded once, then cached).
@@ -26,7 +26,7 @@ import vllm_cpu_harness as harness
 
 pytestmark = pytest.mark.network
 
-SM8X = ("8.6", "8.0")
+SM8X = ("8.9", "8.6", "8.0")  # 8.9 (Ada): FlashMLA does not run there either
 SM9PLUS = ("12.0", "10.0", "9.0")
 #: Newest first: a decision cached by an earlier capability would leak into SM8x and
 #: break the SM8x expectations (a mismatch, never a false agreement).
