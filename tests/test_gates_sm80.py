@@ -244,7 +244,8 @@ def test_pip_install_of_the_tree_ships_deepinfer_sm80(trees) -> None:
     setup = ast.parse((tree / "setup.py").read_text())
     data = next(n.value for n in ast.walk(setup) if isinstance(n, ast.Assign)
                 and any(getattr(t, "id", None) == "package_data" for t in n.targets))
-    keys = {k.value: [e.value for e in v.elts] for k, v in zip(data.keys, data.values)}
+    keys = {k.value: [e.value for e in v.elts]
+            for k, v in zip(data.keys, data.values, strict=True)}
     assert any(re.fullmatch(r"\*\.so\*?", g) for g in keys.get("deepinfer_sm80", []))
     # and the pristine discovery would not ship it (the patch is what does)
     pristine_find = 'include = ["vllm*"]'

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import inspect
 import json
 import os
@@ -585,7 +584,7 @@ def probe_compressor_warmup() -> dict[str, list[str]]:
         with _recording_warmups(log), _patched(
                 _fake_modules(log, _CUTEDSL_OPS + "sparse_attn_compress_cutedsl")):
             out[f"{head_dim}/c{ratio}"] = _attempt(
-                log, lambda: _construct_compressor(_v4_config(), head_dim, ratio))
+                log, lambda h=head_dim, r=ratio: _construct_compressor(_v4_config(), h, r))
     return out
 
 
@@ -598,7 +597,7 @@ def probe_indexer_warmup() -> dict[str, list[str]]:
         with _recording_warmups(log), _patched(
                 _fake_modules(log, _CUTEDSL_OPS + "fused_indexer_q_cutedsl")):
             out["mxfp4" if use_fp4 else "fp8"] = _attempt(
-                log, lambda: _construct_indexer(_v4_config(), use_fp4))
+                log, lambda f=use_fp4: _construct_indexer(_v4_config(), f))
     return out
 
 
@@ -624,7 +623,8 @@ def probe_attention_warmup() -> dict[str, list[str]]:
         log: list[str] = []
         with _recording_warmups(log), _patched(
                 _fake_modules(log, _CUTEDSL_OPS + "dequant_gather_k_cutedsl")):
-            out[label] = _attempt(log, lambda: _construct_attention(_v4_config(), backend, 0))
+            out[label] = _attempt(
+                log, lambda b=backend: _construct_attention(_v4_config(), b, 0))
     return out
 
 
@@ -674,12 +674,13 @@ def probe_warmup_aot() -> dict[str, Any]:
                 "sparse_attn_compress_cutedsl")))):
         for layer in range(3):
             if ampere:  # the overlay's layer: its indexer and compressors included
-                _attempt(failures, lambda: _construct_ampere_attention(cfg, layer))
+                _attempt(failures, lambda i=layer: _construct_ampere_attention(cfg, i))
             else:
-                _attempt(failures, lambda: _construct_attention(cfg, backend, layer))
+                _attempt(failures, lambda i=layer: _construct_attention(cfg, backend, i))
         if not ampere:
             for head_dim, ratio in ((512, 4), (512, 128), (128, 4)):
-                _attempt(failures, lambda: _construct_compressor(cfg, head_dim, ratio))
+                _attempt(failures,
+                         lambda h=head_dim, r=ratio: _construct_compressor(cfg, h, r))
             _attempt(failures, lambda: _construct_indexer(cfg, False))
 
     results: dict[str, Any] = {"backend": backend.get_name(), "construct": failures}
@@ -809,7 +810,8 @@ def probe_o_proj() -> dict[str, str]:
                          ("int32", torch.int32)):
         log: list[str] = []
 
-        def inv_rope(o: Any, *a: Any, quantize: bool, **k: Any) -> Any:
+        def inv_rope(o: Any, *a: Any, quantize: bool, log: list[str] = log,
+                     **k: Any) -> Any:
             log.append(f"inv_rope(quantize={quantize})")
             x = o.reshape(o.shape[0], n_groups, hpg * d)
             return (x.to(torch.float8_e4m3fn) if quantize else x), torch.empty(0)
@@ -822,7 +824,7 @@ def probe_o_proj() -> dict[str, str]:
                 o_proj.deep_gemm_fp8_o_proj(
                     torch.zeros(t, n_groups * hpg, d, dtype=torch.bfloat16),
                     torch.zeros(t, dtype=torch.int64), torch.zeros(8, 64), wo_a,
-                    lambda z: log.append("wo_b") or z, n_groups=n_groups,
+                    lambda z, log=log: log.append("wo_b") or z, n_groups=n_groups,
                     heads_per_group=hpg, nope_dim=448, rope_dim=64, o_lora_rank=rank,
                     einsum_recipe=(1, 128, 128), tma_aligned_scales=False)
                 out[label] = "+".join(log)
@@ -886,7 +888,6 @@ def probe_inv_rope_aot() -> dict[str, Any]:
     for sm_80/sm_86 without quantization, and what does sm_90 get (instruction text
     without debug info, hashed) for each constexpr variant."""
     import hashlib
-    import re
 
     import triton
     from triton.backends.compiler import GPUTarget
