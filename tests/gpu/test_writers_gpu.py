@@ -117,6 +117,9 @@ def test_writer_matches_upstream_triton(name):
     s = compare_fp8_bytes(ours.raw, theirs.raw, ours)
     _log(f"{name} vs upstream triton", s)
     assert s["codes"] > 0 and s["untouched_equal"]
+    if name.startswith("indexer"):
+        # Upstream runs this Triton writer on CUDA: the exact target, every byte equal.
+        assert s["codes_exact"] == 1.0 and s["scales_exact"] == 1.0
     assert s["codes_exact"] >= 0.999 and s["codes_max_step"] <= 1
     assert s["scales_exact"] >= 0.999
     if "rope_exact" in s:
@@ -144,6 +147,13 @@ def test_index_q_matches_reference():
     assert exact >= 0.999 and wexact >= 0.999
 
 
+def _upstream_uses_cutedsl(mod) -> bool:
+    """Which path upstream's dispatch took (the patched tree names its gate
+    ``cutedsl_usable``; the pristine one ``has_cutedsl``)."""
+    gate = getattr(mod, "cutedsl_usable", None) or getattr(mod, "has_cutedsl", None)
+    return bool(gate and gate())
+
+
 def test_index_q_matches_upstream():
     mod = _upstream("vllm.models.deepseek_v4.common.ops.fused_indexer_q")
     pos, q, cs, w = _index_q_inputs(22)
@@ -154,8 +164,9 @@ def test_index_q_matches_upstream():
     exact = float((a == b).float().mean())
     wexact = float((got_w == up_w).float().mean())
     _log("index_q vs upstream", {"codes_exact": exact, "weights_exact": wexact,
-                                 "upstream_path": "cutedsl" if mod.has_cutedsl() else "triton"})
-    assert exact >= 0.999 and wexact >= 0.999
+                                 "upstream_path": "cutedsl" if _upstream_uses_cutedsl(mod) else "triton"})
+    # Upstream's index-Q writer is the exact target: every byte and weight identical.
+    assert exact == 1.0 and wexact == 1.0
 
 
 def test_padding_rows_publish_nothing():
