@@ -1,0 +1,564 @@
+"""DeepSeek-V4 MTP layer and DSpark draft on SM80/SM86: nothing left on a failing path (CPU).
+
+The MTP layer (``nvidia/mtp.py``) and the DSpark draft (``nvidia/dspark.py``) reuse
+the decoder layer, so their attention goes through ``_select_dsv4_attn_cls``; they
+add their own Triton kernels (fused MTP-input RMSNorm, shared-head RMSNorm, DSpark's
+non-causal sliding-window indices) and DSpark calls the ``_C`` fused
+qnorm/RoPE/KV-insert op itself (``_insert_context_kv``). This test, on the applied
+tree imported with a CUDA platform mocked to 8.0 and 8.6 (tests/vllm_cpu_harness.py):
+
+1. enumerates the Triton kernels reachable from those paths: it walks the modules
+   that ``mtp.py``, ``dspark.py`` and their speculators import (transitively, within
+   the DeepSeek-V4 / MLA-backend / spec-decode packages), collects every
+   ``JITFunction`` and every vLLM JIT-kernel owner defined there, and keeps those whose
+   name the MTP/DSpark path files reference (:data:`PATH_MODULES`). Each owner's
+   compile keys come from vLLM's own ``get_warmup_keys`` with the draft's dimensions
+   (window 128, SWA block 64, 1..5 speculative tokens, hidden 4096, hc_mult 4), and
+   each key is compiled ahead of time for the probed capability through vLLM's
+   warmup path with a Triton driver that reports that target and launches nothing.
+   Triton helpers are compiled inside their callers. Kernels launched bare from
+   Python (generic spec-decode runner kernels) have no compile keys: they are
+   scanned for SM89+/SM90-only constructs instead (FP8 types, TMA descriptors,
+   inline PTX, PDL);
+2. builds the MTP layer and the DSpark draft model with linear layers, norms,
+   embeddings and heads as stand-ins and records the attention class their decoder
+   layers select (must be ``DeepseekV4AmpereSparseAttention``); builds that class
+   for the draft layer index (sliding-window only) and runs DSpark's
+   ``_insert_context_kv`` with the ``_C`` op replaced by a recorder: the padded head
+   count it passes must be one the op is instantiated for (parsed from the tree's
+   ``csrc``), and the op must be built for every CUDA architecture and accept sm_80;
+3. can fail: a known FP8 kernel goes through the same compile step and must fail
+   with the SM89+ error, and on the pristine tree the drafts select FlashMLA.
+
+Marked ``network``: the applied tree comes from the vLLM sdist (cached).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+import vllm_cpu_harness as harness  # noqa: E402
+
+AMPERE_CLS = "vllm.models.deepseek_v4.nvidia.ampere_sparse.DeepseekV4AmpereSparseAttention"
+
+#: Where the walk starts: the two draft models and their model-runner speculators.
+ENTRY_MODULES = (
+    "vllm.models.deepseek_v4.nvidia.mtp",
+    "vllm.models.deepseek_v4.nvidia.dspark",
+    "vllm.v1.worker.gpu.spec_decode.mtp.speculator",
+    "vllm.v1.worker.gpu.spec_decode.dspark.speculator",
+)
+#: Packages the walk follows imports into.
+WALK_PREFIXES = (
+    "vllm.models.deepseek_v4", "vllm.v1.worker.gpu.spec_decode",
+    "vllm.model_executor.models.qwen3_dspark", "vllm.model_executor.models.deepseek_mtp",
+    "vllm.v1.attention.backends.mla", "vllm.model_executor.kernels.mhc",
+    "vllm.v1.worker.gpu.sample", "vllm.model_executor.layers.sparse_attn_indexer",
+    "deepinfer_sm80",
+)
+#: Files whose code is the MTP / DSpark path itself (beyond the shared decoder layer,
+#: whose kernels tests/test_gates_sm80.py compiles): a kernel is on the path when one
+#: of these references it by name.
+PATH_MODULES = (
+    "vllm.models.deepseek_v4.nvidia.mtp",
+    "vllm.models.deepseek_v4.nvidia.dspark",
+    "vllm.models.deepseek_v4.common.ops.fused_mtp_input_rmsnorm",
+    "vllm.model_executor.models.qwen3_dspark",
+    "vllm.v1.attention.backends.mla.sparse_swa",  # draft layers are sliding-window only
+    "vllm.v1.worker.gpu.spec_decode.mtp.speculator",
+    "vllm.v1.worker.gpu.spec_decode.dspark.speculator",
+    "vllm.v1.worker.gpu.spec_decode.dspark.utils",
+    "vllm.v1.worker.gpu.spec_decode.dflash.speculator",
+    "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
+)
+NUM_SPEC_TOKENS = (1, 2, 3, 4, 5)  # up to 6 query rows per request
+#: Values for ``get_warmup_keys`` parameters, by name (lists: every value).
+WARMUP_ARGS: dict[str, list[Any]] = {
+    "window_size": [128], "block_size": [64], "num_speculative_tokens": list(NUM_SPEC_TOKENS),
+    "max_image_tokens": [0],
+}
+#: Source patterns that only compile for SM89+ / SM90+ (or emit such PTX).
+SM89_PLUS = {
+    "fp8 type": r"float8e4|float8e5|fp8e4|fp8e5|float8_e4m3|float8_e5m2",
+    "TMA descriptor": r"make_tensor_descriptor|_experimental_descriptor|tensor_descriptor|tma",
+    "inline PTX": r"inline_asm_elementwise",
+    "PDL": r"gdc_wait|gdc_launch_dependents|launch_pdl",
+}
+
+
+# ------------------------------------------------------------------------------ tests
+
+C_OP_SRC = "csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu"
+
+
+def _c_op_facts(tree: Path) -> dict[str, Any]:
+    """What the tree's csrc says about the fused qnorm/RoPE/KV-insert op: the padded
+    head counts it is instantiated for, the lowest SM its host guard accepts, and
+    whether CMake builds it for every CUDA architecture (8.0 and 8.6 included)."""
+    src = (tree / C_OP_SRC).read_text()
+    launcher = src[src.index("void launchFusedDeepseekV4QNormRopeKVRopeQuantInsert("):]
+    launcher = launcher[: launcher.index("#undef DISPATCH")]
+    heads = {int(n) for n in re.findall(r"^\s*DISPATCH\((\d+)\)", launcher, re.M)}
+    heads |= {int(n) for n in re.findall(r"LAUNCH\((\d+),", launcher) if n != "N"}
+    guard = re.search(r"sm_version\s*>=\s*(\d+),\s*\"fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
+                      src)
+    cmake = (tree / "CMakeLists.txt").read_text()
+    block = re.search(r"set\(VLLM_STABLE_EXT_SRC\b(.*?)\)", cmake, re.S)
+    all_archs = re.search(r"set_gencode_flags_for_srcs\(\s*SRCS \"\$\{VLLM_STABLE_EXT_SRC\}\"\s*"
+                          r"CUDA_ARCHS \"\$\{CUDA_ARCHS\}\"\)", cmake)
+    supported = re.findall(r'set\(CUDA_SUPPORTED_ARCHS "([^"]+)"\)', cmake)
+    return {
+        "heads": heads, "min_sm": int(guard.group(1)) if guard else None,
+        "in_stable_ext": bool(block) and C_OP_SRC in block.group(1),
+        "built_for_cuda_archs": bool(all_archs),
+        "sm8x_supported": bool(supported) and all({"8.0", "8.6"} <= set(s.split(";"))
+                                                   for s in supported),
+    }
+
+
+if "pytest" in sys.modules:
+    import pytest
+
+    pytestmark = pytest.mark.network
+    SM8X = ("8.0", "8.6")
+
+    @pytest.fixture(scope="module")
+    def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+        missing = harness.missing_dependencies()
+        if missing:
+            pytest.skip("vLLM's pure-Python dependencies are not installed "
+                        f"({', '.join(missing)}); run `make venv-torch` or "
+                        "`pip install -e '.[vllm-cpu-deps]'`")
+        return harness.prepare_trees(tmp_path_factory)
+
+    @pytest.fixture(scope="module")
+    def patched(trees: dict[str, Path]) -> dict[str, dict[str, Any]]:
+        return {cap: run_child(trees["patched"], cap, "kernels", "attention", "insert")
+                for cap in SM8X}
+
+    @pytest.mark.parametrize("cap", SM8X)
+    def test_draft_triton_kernels_compile_for_sm8x(patched, cap: str) -> None:
+        got = patched[cap]["kernels"]
+        assert "error" not in got, got
+        owners = got["owners"]
+        # the enumeration found the drafts' own kernels (not a hand-typed list)
+        short = {q.rpartition(".")[2] for q in owners}
+        assert {"_FUSED_MTP_INPUT_RMSNORM_KERNEL", "_MTP_SHARED_HEAD_RMSNORM_KERNEL",
+                "_COMPUTE_DSPARK_NONCAUSAL_SWA_INDICES_KERNEL",
+                "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL"} <= short, sorted(owners)
+        for qual, entry in owners.items():
+            assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (qual, entry)
+        dspark = next(e for q, e in owners.items() if q.endswith("NONCAUSAL_SWA_INDICES_KERNEL"))
+        # 128-token window + up to 5 draft tokens, padded to the 64 alignment
+        assert "index_width=192" in dspark["sample_key"], dspark
+        assert any(q.endswith("._rmsnorm_row") for q in got["helpers"]), got["helpers"]
+        for qual, flags in got["bare"].items():
+            assert flags == [], f"{qual} uses SM89+ constructs: {flags}"
+        # the compile step rejects what SM80 cannot run: FP8 conversion
+        ctrl = got["control_fp8"]
+        assert ctrl["compiled"] == 0 and "fp8e4nv" in ctrl["failed"][0], ctrl
+
+    @pytest.mark.parametrize("cap", SM8X)
+    def test_mtp_and_dspark_layers_select_the_ampere_attention(patched, cap: str) -> None:
+        got = patched[cap]["attention"]
+        assert "error" not in got and "dspark_error" not in got, got
+        assert got["mtp"] == [AMPERE_CLS]
+        assert got["dspark"] == [AMPERE_CLS] * 3  # n_mtp_layers draft layers
+
+    @pytest.mark.parametrize("cap", SM8X)
+    def test_dspark_context_insert_uses_an_instantiated_c_op(trees, patched, cap: str) -> None:
+        got = patched[cap]["insert"]
+        assert "error" not in got, got
+        facts = _c_op_facts(trees["patched"])
+        assert facts["heads"] == {0, 8, 16, 32, 64, 128}, facts
+        assert facts["min_sm"] is not None and facts["min_sm"] <= 80, facts
+        assert facts["in_stable_ext"] and facts["built_for_cuda_archs"], facts
+        assert facts["sm8x_supported"], facts
+        # draft layers are sliding-window only; their builder has no FlashMLA planner
+        assert got["compress_ratio"] == 1
+        assert got["swa_builder"].endswith("DeepseekSparseSWAAmpereMetadataBuilder")
+        assert got["padded_heads"] in facts["heads"] and got["padded_heads"] >= got["n_local_heads"]
+        for tp, padded in got["padded_by_tp"].items():
+            assert padded in facts["heads"] and padded >= 64 // int(tp), (tp, padded)
+        assert got["padded_by_tp"]["8"] == 8  # TP8 keeps its 8 local heads
+        [call] = got["insert_calls"]
+        assert call["op"] == "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"
+        assert call["q_head_padded"] == got["padded_heads"] and call["q_heads"] <= call[
+            "q_head_padded"]
+
+    def test_pristine_tree_drafts_take_flashmla_on_sm80(trees) -> None:
+        """The attention check can fail: upstream's drafts select FlashMLA on 8.0."""
+        got = run_child(trees["pristine"], "8.0", "attention")["attention"]
+        assert got["mtp"] and not any(c == AMPERE_CLS for c in got["mtp"] + got["dspark"]), got
+        assert all(c.endswith("DeepseekV4FlashMLAAttention") for c in got["mtp"] + got["dspark"])
+
+    def test_c_op_facts_can_fail(tmp_path: Path, trees) -> None:
+        """The csrc parse detects a missing instantiation and an SM90-only guard."""
+        for rel in (C_OP_SRC, "CMakeLists.txt"):
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text((trees["patched"] / rel).read_text())
+        src = tmp_path / C_OP_SRC
+        text = src.read_text()
+        src.write_text(text.replace("DISPATCH(8)\n", "", 1).replace(
+            "sm_version >= 80,", "sm_version >= 90,", 1))
+        facts = _c_op_facts(tmp_path)
+        assert 8 not in facts["heads"] and facts["min_sm"] == 90, facts
+
+
+# ------------------------------------------------------------------------------ child
+
+
+def _imports(modname: str) -> set[str]:
+    """Module names (already imported) that ``modname``'s source imports."""
+    mod = sys.modules.get(modname)
+    path = getattr(mod, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return set()
+    pkg = modname if path.endswith("__init__.py") else modname.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in sys.modules}
+
+
+def _walk() -> list[str]:
+    import importlib
+
+    for name in ENTRY_MODULES + PATH_MODULES:
+        importlib.import_module(name)
+    seen: set[str] = set()
+    todo = list(ENTRY_MODULES + PATH_MODULES)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(m for m in _imports(name) if m.startswith(WALK_PREFIXES))
+    return sorted(seen)
+
+
+def _names_referenced(modname: str) -> set[str]:
+    tree = ast.parse(Path(sys.modules[modname].__file__).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name)
+    return names
+
+
+def _inventory(modules: list[str]) -> dict[str, Any]:
+    """Every Triton JITFunction and vLLM Triton kernel owner defined in ``modules``."""
+    from triton.runtime.jit import JITFunction
+
+    from vllm.model_executor.warmup.jit_warmup_triton_helper import VllmTritonJitKernel
+
+    jits: dict[int, tuple[str, str, Any]] = {}  # id -> (qualified name, global, fn)
+    owners: dict[int, tuple[str, str, Any]] = {}
+    for modname in modules:
+        for gname, value in vars(sys.modules[modname]).items():
+            if isinstance(value, JITFunction) and value.__module__ == modname:
+                jits.setdefault(id(value), (f"{modname}.{gname}", gname, value))
+            elif isinstance(value, VllmTritonJitKernel) and type(value).__module__ == modname:
+                owners.setdefault(id(value), (f"{modname}.{gname}", gname, value))
+            elif isinstance(value, type) and value.__module__ == modname:
+                for attr, inner in vars(value).items():
+                    inner = inner.__func__ if isinstance(inner, staticmethod) else inner
+                    if isinstance(inner, JITFunction):
+                        jits.setdefault(id(inner), (f"{modname}.{gname}.{attr}", gname, inner))
+    return {"jits": jits, "owners": owners}
+
+
+def _kernel_of(owner: Any) -> Any:
+    fn = getattr(owner, "kernel", None)
+    return fn.__func__ if isinstance(fn, staticmethod) else fn
+
+
+def _callees(fn: Any, by_name: dict[str, Any]) -> set[str]:
+    """Names of JIT functions ``fn``'s source calls (transitively)."""
+    out: set[str] = set()
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        for node in ast.walk(ast.parse(f.src if hasattr(f, "src") else inspect.getsource(f.fn))):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in by_name and name not in out:
+                    out.add(name)
+                    todo.append(by_name[name])
+    return out
+
+
+def _warmup_keys(owner: Any, cfg: Any) -> list[Any]:
+    params = inspect.signature(owner.get_warmup_keys).parameters
+    fixed, varying = {}, {}
+    for name, p in params.items():
+        if name == "vllm_config":
+            fixed[name] = cfg
+        elif name in WARMUP_ARGS:
+            varying[name] = WARMUP_ARGS[name]
+        elif p.default is inspect.Parameter.empty:
+            raise LookupError(f"no realistic value for get_warmup_keys({name}=...)")
+    keys: dict[Any, None] = {}
+    for combo in itertools.product(*varying.values()):
+        kwargs = {**fixed, **dict(zip(varying, combo, strict=True))}
+        keys.update(dict.fromkeys(owner.get_warmup_keys(**kwargs)))
+    return list(keys)
+
+
+def _compile_keys(owner: Any, keys: list[Any], capability: int) -> dict[str, Any]:
+    from triton.runtime import driver
+
+    entry: dict[str, Any] = {"keys": len(keys), "compiled": 0, "failed": []}
+    saved = driver._active
+    driver.set_active(harness._AotDriver(capability))
+    try:
+        for key in keys:
+            try:
+                owner.compile(key)
+                entry["compiled"] += 1
+            except Exception as exc:
+                msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                entry["failed"].append(f"{key}: {type(exc).__name__}: {msg}"[:300])
+    finally:
+        driver._active = saved
+    return entry
+
+
+def _draft_config() -> Any:
+    cfg = harness._v4_config()
+    hf = cfg.model_config.hf_config
+    hf.hc_mult, hf.hc_eps, hf.hc_sinkhorn_iters = 4, 1e-6, 20
+    hf.vocab_size, hf.n_routed_experts = 1024, 8
+    hf.dspark_target_layer_ids, hf.n_mtp_layers, hf.dspark_markov_rank = [0, 1, 2], 3, 16
+    hf.mlp_layer_types = ["moe"] * 3
+    cfg.speculative_config = types.SimpleNamespace(
+        num_speculative_tokens=max(NUM_SPEC_TOKENS), draft_model_config=cfg.model_config,
+        use_dspark=lambda: True)
+    cfg.kernel_config.moe_backend = "auto"
+    cfg.parallel_config.data_parallel_size = 1
+    cfg.parallel_config.pipeline_parallel_size = 1
+    cfg.parallel_config.enable_expert_parallel = False
+    cfg.kernel_config.enable_jit_warmup = False
+    return cfg
+
+
+def probe_kernels(capability: int) -> dict[str, Any]:
+    """Enumerate and AOT-compile the MTP/DSpark path's Triton kernels."""
+    modules = _walk()
+    inv = _inventory(modules)
+    referenced = set().union(*(_names_referenced(m) for m in PATH_MODULES))
+    jits, owners = inv["jits"], inv["owners"]
+    by_name = {g: fn for _, g, fn in jits.values()}
+    by_name.update({q.rpartition(".")[2]: fn for q, _, fn in jits.values()})
+    owned = {id(_kernel_of(o)): q for q, _, o in owners.values()}
+
+    cfg = _draft_config()
+    out: dict[str, Any] = {"modules": modules, "owners": {}, "helpers": {}, "bare": {},
+                           "not_on_path": []}
+    compiled_sources: list[Any] = []
+    for qual, gname, owner in sorted(owners.values(), key=lambda t: t[0]):
+        if gname not in referenced:
+            out["not_on_path"].append(qual)
+            continue
+        try:
+            keys = _warmup_keys(owner, cfg)
+        except Exception as exc:
+            out["owners"][qual] = {"keys": 0, "compiled": 0,
+                                   "failed": [f"get_warmup_keys: {type(exc).__name__}: {exc}"]}
+            continue
+        entry = _compile_keys(owner, keys, capability)
+        entry["sample_key"] = repr(keys[0]) if keys else None
+        out["owners"][qual] = entry
+        if entry["compiled"]:
+            compiled_sources.append(_kernel_of(owner))
+    covered = set().union(*(_callees(fn, by_name) for fn in compiled_sources)) \
+        if compiled_sources else set()
+    for qual, gname, fn in sorted(jits.values(), key=lambda t: t[0]):
+        if id(fn) in owned:
+            continue
+        short = qual.rpartition(".")[2]
+        if short in covered:
+            out["helpers"][qual] = "compiled inside a caller"
+        elif gname in referenced or short in referenced:
+            src = "\n".join([fn.src] + [by_name[c].src for c in _callees(fn, by_name)])
+            out["bare"][qual] = sorted(k for k, pat in SM89_PLUS.items()
+                                       if re.search(pat, src))
+        else:
+            out["not_on_path"].append(qual)
+    # Control: the same compile step on a kernel known to need FP8 hardware.
+    from vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant import (
+        _FUSED_INV_ROPE_FP8_QUANT_KERNEL as inv_rope,
+    )
+    key = inv_rope.get_warmup_keys(cfg)[0]
+    out["control_fp8"] = _compile_keys(
+        inv_rope, [type(key)(**{**key.__dict__, "quantize": True})], capability)
+    return out
+
+
+class _Picked(Exception):
+    pass
+
+
+def probe_draft_attention() -> dict[str, Any]:
+    """Attention class the MTP layer and the DSpark draft layers select."""
+    import torch
+
+    from vllm.models.deepseek_v4.nvidia import dspark, model, mtp
+
+    stub = harness._stub_cls()
+    real = model._select_dsv4_attn_cls
+    picked: list[str] = []
+
+    def select(vllm_config: Any) -> Any:
+        cls = real(vllm_config)
+        picked.append(harness._describe(cls))
+        raise _Picked  # the rest of the decoder layer (MoE, mHC) is not under test
+
+    cfg = _draft_config()
+    out: dict[str, Any] = {}
+    common = [(model, "_select_dsv4_attn_cls", select)]
+    with harness._patched(common + [(mtp, n, stub) for n in (
+            "RMSNorm", "ReplicatedLinear", "SharedHead")]):
+        try:
+            mtp.DeepSeekV4MultiTokenPredictorLayer(cfg, torch.empty(4, 512, dtype=torch.int32),
+                                                    "model.layers.3")
+        except _Picked:
+            pass
+        out["mtp"] = list(picked)
+    picked.clear()
+
+    class Layer(torch.nn.Module):  # each DSpark layer: record the selection, go on
+        def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
+            super().__init__()
+            try:
+                model.DeepseekV4DecoderLayer(vllm_config, **kwargs)
+            except _Picked:
+                pass
+
+    with harness._patched(common + [(dspark, n, stub) for n in (
+            "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding",
+            "MergedColumnParallelLinear", "DSparkMarkovHead", "DSparkConfidenceHead")] + [
+            (dspark, "DeepseekV4DecoderLayer", Layer),
+            (dspark, "get_current_vllm_config", lambda: cfg)]):
+        try:
+            dspark.DSparkDeepseekV4Model(vllm_config=cfg, prefix="model")
+        except Exception as exc:
+            out["dspark_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out["dspark"] = list(picked)
+    return out
+
+
+def probe_draft_insert() -> dict[str, Any]:
+    """The Ampere layer built for the draft layer index, and the ``_C`` insert call
+    DSpark's ``_insert_context_kv`` makes with it."""
+    import torch
+
+    from vllm.models.deepseek_v4.nvidia import dspark
+    from vllm.models.deepseek_v4.nvidia.ampere_sparse import DeepseekV4AmpereSparseAttention
+
+    built: list[Any] = []
+    real_init = DeepseekV4AmpereSparseAttention.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        built.append(self)
+
+    cfg = _draft_config()
+    layer_idx = cfg.model_config.hf_config.num_hidden_layers  # first draft layer
+    with harness._patched([(DeepseekV4AmpereSparseAttention, "__init__", init)]):
+        harness._construct_ampere_attention(cfg, layer_idx)
+    attn = built[-1]
+    out: dict[str, Any] = {
+        "compress_ratio": attn.compress_ratio, "n_local_heads": attn.n_local_heads,
+        "padded_heads": attn.padded_heads,
+        "swa_builder": harness._describe(attn.swa_backend_cls.get_builder_cls()),
+        "padded_by_tp": {str(tp): DeepseekV4AmpereSparseAttention.get_padded_num_q_heads(64 // tp)
+                         for tp in (1, 2, 4, 8, 16)},
+    }
+    calls: list[dict[str, Any]] = []
+
+    def record(name: str) -> Any:
+        def op(*args: Any) -> None:
+            calls.append({"op": name, "q_heads": int(args[0].shape[1]),
+                          "q_head_padded": int(args[6]) if len(args) > 6 else None,
+                          "nargs": len(args)})
+        return op
+
+    n = 6
+    attn.swa_cache_layer.kv_cache = torch.zeros(2, 64 * 584, dtype=torch.uint8)
+    attn.swa_cache_layer.block_size = 64
+    attn.rotary_emb.cos_sin_cache = torch.zeros(4096, 64)
+    ns = torch.ops._C
+    name = "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"
+    with harness._patched([(ns, name, record(name))]):
+        dspark._insert_context_kv(attn, torch.zeros(n, attn.head_dim, dtype=torch.bfloat16),
+                                  torch.arange(n), torch.arange(n))
+    out["insert_calls"] = calls
+    return out
+
+
+def child(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tree", type=Path, required=True)
+    ap.add_argument("--capability", required=True)
+    ap.add_argument("--probe", action="append", required=True)
+    args = ap.parse_args(argv)
+    harness._boot(args.tree.resolve(), None)
+    harness._CAPABILITY[:] = [int(x) for x in args.capability.split(".")]
+    cc = harness._CAPABILITY[0] * 10 + harness._CAPABILITY[1]
+    probes = {"kernels": lambda: probe_kernels(cc), "attention": probe_draft_attention,
+              "insert": probe_draft_insert}
+    res: dict[str, Any] = {}
+    for name in args.probe:
+        try:
+            res[name] = probes[name]()
+        except Exception as exc:
+            res[name] = harness._error(exc)
+    print(json.dumps(res, sort_keys=True, default=str))
+    return 0
+
+
+def run_child(tree: Path, capability: str, *probes: str) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree),
+           "--capability", capability]
+    for p in probes:
+        cmd += ["--probe", p]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                          cwd=str(TESTS))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"probe of {tree} at {capability} failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]))
