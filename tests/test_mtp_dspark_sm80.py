@@ -17,8 +17,12 @@ tree imported with a CUDA platform mocked to 8.0 and 8.6 (tests/vllm_cpu_harness
    each key is compiled ahead of time for the probed capability through vLLM's
    warmup path with a Triton driver that reports that target and launches nothing.
    Triton helpers are compiled inside their callers. Kernels launched bare from
-   Python (generic spec-decode runner kernels) have no compile keys: they are
-   scanned for SM89+/SM90-only constructs instead (FP8 types, TMA descriptors,
+   Python (the speculators' input-preparation kernels, the Gumbel sampler, the
+   SWA image-visibility kernel) have no compile keys: they are compiled for the
+   capability with the constexprs of their call sites (literals and module
+   constants as written; run-time block sizes, integers and flags at candidate
+   values, one at a time) and placeholder pointer types, and their source (with
+   callees) is scanned for SM89+/SM90-only constructs (FP8 types, TMA descriptors,
    inline PTX, PDL);
 2. builds the MTP layer and the DSpark draft model with linear layers, norms,
    embeddings and heads as stand-ins and records the attention class their decoder
@@ -43,6 +47,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 from typing import Any
@@ -166,8 +171,13 @@ if "pytest" in sys.modules:
         # 128-token window + up to 5 draft tokens, padded to the 64 alignment
         assert "index_width=192" in dspark["sample_key"], dspark
         assert any(q.endswith("._rmsnorm_row") for q in got["helpers"]), got["helpers"]
-        for qual, flags in got["bare"].items():
-            assert flags == [], f"{qual} uses SM89+ constructs: {flags}"
+        # kernels launched bare from the path (speculators, sampler, SWA metadata)
+        bare = {q.rpartition(".")[2]: e for q, e in got["bare"].items()}
+        assert {"_prepare_dflash_inputs_kernel", "_gumbel_sample_kernel",
+                "_update_draft_inputs_kernel"} <= set(bare), sorted(bare)
+        for name, entry in bare.items():
+            assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (name, entry)
+            assert entry["sm89_plus"] == [], f"{name} uses SM89+ constructs: {entry}"
         # the compile step rejects what SM80 cannot run: FP8 conversion
         ctrl = got["control_fp8"]
         assert ctrl["compiled"] == 0 and "fp8e4nv" in ctrl["failed"][0], ctrl
@@ -259,8 +269,28 @@ def _walk() -> list[str]:
     return sorted(seen)
 
 
-def _names_referenced(modname: str) -> set[str]:
-    tree = ast.parse(Path(sys.modules[modname].__file__).read_text())
+def _path_sources(walked: list[str]) -> list[tuple[Any, ast.AST]]:
+    """(module, syntax tree) of the path: the :data:`PATH_MODULES` files, and the
+    Python functions of walked modules that they import by name (one level: e.g. the
+    speculators' ``gumbel_sample``, which launches its own kernel)."""
+    out = []
+    for modname in PATH_MODULES:
+        module = sys.modules[modname]
+        tree = ast.parse(Path(module.__file__).read_text())
+        out.append((module, tree))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.module not in walked:
+                continue
+            for alias in node.names:
+                obj = getattr(sys.modules[node.module], alias.name, None)
+                if inspect.isfunction(obj) and obj.__module__ in walked \
+                        and obj.__module__ not in PATH_MODULES:
+                    out.append((sys.modules[obj.__module__],
+                                ast.parse(textwrap.dedent(inspect.getsource(obj)))))
+    return out
+
+
+def _names_referenced(tree: ast.AST) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -350,6 +380,100 @@ def _compile_keys(owner: Any, keys: list[Any], capability: int) -> dict[str, Any
     return entry
 
 
+#: Pointer element types for bare kernels, by parameter-name fragment (first match);
+#: other pointers are int32. Bare kernels have no compile keys: their arguments come
+#: from vLLM's model-runner buffers, whose types these follow.
+BARE_POINTER_TYPES = (("hidden", "*bf16"), ("temperature", "*fp32"), ("seed", "*i64"),
+                      ("position", "*i64"), ("is_padding", "*i1"), ("is_valid", "*i1"),
+                      ("slot_mapping", "*i64"))
+#: Values tried for a constexpr the call site computes at run time (not a literal):
+#: block sizes, integers used in arithmetic, and flags.
+BLOCK_CANDIDATES = (1, 32, 256, 1024)
+INT_CANDIDATES = (1, 2, 4)
+FLAG_CANDIDATES = (True, False)
+
+
+def _used_as_number(fn: Any, name: str) -> bool:
+    """Whether the kernel uses constexpr ``name`` in arithmetic, a comparison or a
+    call (else it is a flag)."""
+    for node in ast.walk(ast.parse(fn.src)):
+        operands = ([node.left, node.right] if isinstance(node, ast.BinOp) else
+                    [node.left, *node.comparators] if isinstance(node, ast.Compare) else
+                    list(node.args) if isinstance(node, ast.Call) else [])
+        if any(isinstance(o, ast.Name) and o.id == name for o in operands):
+            return True
+    return False
+
+
+def _call_site_constexprs(fn: Any, short: str, sources: list[tuple[Any, ast.AST]]
+                          ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Constexpr bindings of ``short[grid](...)`` launches in the path modules: a
+    literal keyword or a module-level constant is used as is; a value computed at run
+    time is tried at each candidate (block size, integer or flag), one constexpr at a
+    time around the first candidates."""
+    names = [fn.arg_names[i] for i in sorted(fn.constexprs)]
+    combos: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for module, tree in sources:
+        modname = module.__name__
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and getattr(node.func.value, "id", None) == short):
+                continue
+            options: dict[str, list[Any]] = {}
+            given = {k.arg: k.value for k in node.keywords}
+            for name in names:
+                value = given.get(name)
+                glob = getattr(module, getattr(value, "id", ""), None)
+                if isinstance(value, ast.Constant):
+                    options[name] = [value.value]
+                elif isinstance(glob, (int, float, bool)):
+                    options[name] = [glob]
+                elif value is not None and "BLOCK" in name:
+                    options[name] = list(BLOCK_CANDIDATES)
+                elif value is not None:
+                    options[name] = list(INT_CANDIDATES if _used_as_number(fn, name)
+                                         else FLAG_CANDIDATES)
+                elif fn.params[fn.arg_names.index(name)].default is not inspect.Parameter.empty:
+                    options[name] = [fn.params[fn.arg_names.index(name)].default]
+                else:
+                    problems.append(f"{modname}: {name} not bound at the call site")
+            base = {n: v[0] for n, v in options.items()}
+            combos.append(base)
+            combos += [{**base, n: v} for n, vs in options.items() for v in vs[1:]]
+    if not combos and not problems:
+        problems.append("no call site in the path modules")
+    return combos, problems
+
+
+def _compile_bare(fn: Any, short: str, capability: int,
+                  sources: list[tuple[Any, ast.AST]]) -> dict[str, Any]:
+    """AOT-compile a bare kernel for ``capability`` with the call sites' constexprs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    combos, problems = _call_site_constexprs(fn, short, sources)
+    entry: dict[str, Any] = {"keys": len(combos), "compiled": 0, "failed": problems}
+    for consts in combos:
+        sig = {}
+        for name in fn.arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            elif name.endswith("_ptr"):
+                sig[name] = next((t for frag, t in BARE_POINTER_TYPES if frag in name), "*i32")
+            else:
+                sig[name] = "i32"
+        try:
+            triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                           target=GPUTarget("cuda", capability, 32))
+            entry["compiled"] += 1
+        except Exception as exc:
+            msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            entry["failed"].append(f"{consts}: {type(exc).__name__}: {msg}"[:300])
+    return entry
+
+
 def _draft_config() -> Any:
     cfg = harness._v4_config()
     hf = cfg.model_config.hf_config
@@ -372,7 +496,8 @@ def probe_kernels(capability: int) -> dict[str, Any]:
     """Enumerate and AOT-compile the MTP/DSpark path's Triton kernels."""
     modules = _walk()
     inv = _inventory(modules)
-    referenced = set().union(*(_names_referenced(m) for m in PATH_MODULES))
+    sources = _path_sources(modules)
+    referenced = set().union(*(_names_referenced(t) for _, t in sources))
     jits, owners = inv["jits"], inv["owners"]
     by_name = {g: fn for _, g, fn in jits.values()}
     by_name.update({q.rpartition(".")[2]: fn for q, _, fn in jits.values()})
@@ -397,6 +522,8 @@ def probe_kernels(capability: int) -> dict[str, Any]:
         out["owners"][qual] = entry
         if entry["compiled"]:
             compiled_sources.append(_kernel_of(owner))
+    compiled_sources += [fn for _, g, fn in jits.values() if id(fn) not in owned
+                         and (g in referenced or fn.__name__ in referenced)]
     covered = set().union(*(_callees(fn, by_name) for fn in compiled_sources)) \
         if compiled_sources else set()
     for qual, gname, fn in sorted(jits.values(), key=lambda t: t[0]):
@@ -407,8 +534,10 @@ def probe_kernels(capability: int) -> dict[str, Any]:
             out["helpers"][qual] = "compiled inside a caller"
         elif gname in referenced or short in referenced:
             src = "\n".join([fn.src] + [by_name[c].src for c in _callees(fn, by_name)])
-            out["bare"][qual] = sorted(k for k, pat in SM89_PLUS.items()
-                                       if re.search(pat, src))
+            entry = _compile_bare(fn, short, capability, sources)
+            entry["sm89_plus"] = sorted(k for k, pat in SM89_PLUS.items()
+                                        if re.search(pat, src))
+            out["bare"][qual] = entry
         else:
             out["not_on_path"].append(qual)
     # Control: the same compile step on a kernel known to need FP8 hardware.
