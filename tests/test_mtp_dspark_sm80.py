@@ -179,8 +179,12 @@ if "pytest" in sys.modules:
             assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (name, entry)
             assert entry["sm89_plus"] == [], f"{name} uses SM89+ constructs: {entry}"
         # the compile step rejects what SM80 cannot run: FP8 conversion
-        ctrl = got["control_fp8"]
-        assert ctrl["compiled"] == 0 and "fp8e4nv" in ctrl["failed"][0], ctrl
+        for ctrl in (got["control_fp8"], got["control_fp8_bare"]):
+            assert ctrl["keys"] > 0 and ctrl["compiled"] == 0, ctrl
+            assert all("fp8e4nv not supported in this architecture" in f
+                       for f in ctrl["failed"]), ctrl
+        sm90 = got["control_fp8_bare_sm90"]
+        assert sm90["keys"] > 0 and sm90["compiled"] == sm90["keys"], sm90
 
     @pytest.mark.parametrize("cap", SM8X)
     def test_mtp_and_dspark_layers_select_the_ampere_attention(patched, cap: str) -> None:
@@ -361,6 +365,19 @@ def _warmup_keys(owner: Any, cfg: Any) -> list[Any]:
     return list(keys)
 
 
+def _message(exc: BaseException) -> str:
+    """The line of a compile error that says why (Triton puts it after the source)."""
+    text, seen = [], set()
+    while exc is not None and id(exc) not in seen:  # the cause is often the reason
+        seen.add(id(exc))
+        text.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    lines = [ln.strip() for ln in "\n".join(text).splitlines() if ln.strip()]
+    why = [ln for ln in lines if "not supported" in ln]
+    why = why or [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (why or lines or [""])[0]
+
+
 def _compile_keys(owner: Any, keys: list[Any], capability: int) -> dict[str, Any]:
     from triton.runtime import driver
 
@@ -373,7 +390,7 @@ def _compile_keys(owner: Any, keys: list[Any], capability: int) -> dict[str, Any
                 owner.compile(key)
                 entry["compiled"] += 1
             except Exception as exc:
-                msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                msg = _message(exc)
                 entry["failed"].append(f"{key}: {type(exc).__name__}: {msg}"[:300])
     finally:
         driver._active = saved
@@ -469,7 +486,7 @@ def _compile_bare(fn: Any, short: str, capability: int,
                            target=GPUTarget("cuda", capability, 32))
             entry["compiled"] += 1
         except Exception as exc:
-            msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            msg = _message(exc)
             entry["failed"].append(f"{consts}: {type(exc).__name__}: {msg}"[:300])
     return entry
 
@@ -520,8 +537,7 @@ def probe_kernels(capability: int) -> dict[str, Any]:
         entry = _compile_keys(owner, keys, capability)
         entry["sample_key"] = repr(keys[0]) if keys else None
         out["owners"][qual] = entry
-        if entry["compiled"]:
-            compiled_sources.append(_kernel_of(owner))
+        compiled_sources.append(_kernel_of(owner))
     compiled_sources += [fn for _, g, fn in jits.values() if id(fn) not in owned
                          and (g in referenced or fn.__name__ in referenced)]
     covered = set().union(*(_callees(fn, by_name) for fn in compiled_sources)) \
@@ -540,7 +556,14 @@ def probe_kernels(capability: int) -> dict[str, Any]:
             out["bare"][qual] = entry
         else:
             out["not_on_path"].append(qual)
-    # Control: the same compile step on a kernel known to need FP8 hardware.
+    # Controls: the same compile steps on kernels known to need FP8 hardware.
+    fp8_bare = _fp8_control_kernel()
+    call = ast.parse("_fp8_control_kernel[(1,)](x, n, BLOCK=block)")
+    out["control_fp8_bare"] = _compile_bare(fp8_bare, "_fp8_control_kernel", capability,
+                                            [(sys.modules[__name__], call)])
+    # ... and it fails because of the architecture: SM90 compiles it
+    out["control_fp8_bare_sm90"] = _compile_bare(fp8_bare, "_fp8_control_kernel", 90,
+                                                 [(sys.modules[__name__], call)])
     from vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant import (
         _FUSED_INV_ROPE_FP8_QUANT_KERNEL as inv_rope,
     )
@@ -548,6 +571,21 @@ def probe_kernels(capability: int) -> dict[str, Any]:
     out["control_fp8"] = _compile_keys(
         inv_rope, [type(key)(**{**key.__dict__, "quantize": True})], capability)
     return out
+
+
+def _fp8_control_kernel() -> Any:
+    """A bare kernel that converts to FP8 e4m3 (SM89+ only), as a control."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _fp8_control_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0)
+        y = x.to(tl.float32).to(tl.float8e4nv).to(tl.float32)
+        tl.store(x_ptr + offs, y.to(tl.int32), mask=offs < n)
+
+    return _fp8_control_kernel
 
 
 class _Picked(Exception):
