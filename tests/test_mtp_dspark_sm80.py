@@ -118,9 +118,9 @@ def _c_op_facts(tree: Path) -> dict[str, Any]:
     launcher = src[src.index("void launchFusedDeepseekV4QNormRopeKVRopeQuantInsert("):]
     launcher = launcher[: launcher.index("#undef DISPATCH")]
     heads = {int(n) for n in re.findall(r"^\s*DISPATCH\((\d+)\)", launcher, re.M)}
-    heads |= {int(n) for n in re.findall(r"LAUNCH\((\d+),", launcher) if n != "N"}
-    guard = re.search(r"sm_version\s*>=\s*(\d+),\s*\"fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
-                      src)
+    heads |= {int(n) for n in re.findall(r"LAUNCH\((\d+),", launcher)}  # KV-only: 0
+    guard = re.search(
+        r"sm_version\s*>=\s*(\d+),\s*\"fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert", src)
     cmake = (tree / "CMakeLists.txt").read_text()
     block = re.search(r"set\(VLLM_STABLE_EXT_SRC\b(.*?)\)", cmake, re.S)
     all_archs = re.search(r"set_gencode_flags_for_srcs\(\s*SRCS \"\$\{VLLM_STABLE_EXT_SRC\}\"\s*"
@@ -170,6 +170,8 @@ if "pytest" in sys.modules:
         dspark = next(e for q, e in owners.items() if q.endswith("NONCAUSAL_SWA_INDICES_KERNEL"))
         # 128-token window + up to 5 draft tokens, padded to the 64 alignment
         assert "index_width=192" in dspark["sample_key"], dspark
+        mtp_norm = next(e for q, e in owners.items() if q.endswith("_MTP_INPUT_RMSNORM_KERNEL"))
+        assert mtp_norm["keys"] == len(HIDDEN_SIZES), mtp_norm
         assert any(q.endswith("._rmsnorm_row") for q in got["helpers"]), got["helpers"]
         # kernels launched bare from the path (speculators, sampler, SWA metadata)
         bare = {q.rpartition(".")[2]: e for q, e in got["bare"].items()}
@@ -348,12 +350,23 @@ def _callees(fn: Any, by_name: dict[str, Any]) -> set[str]:
     return out
 
 
-def _warmup_keys(owner: Any, cfg: Any) -> list[Any]:
+#: Hidden sizes of the model configurations compiled for (V4-Flash, V4-Pro).
+HIDDEN_SIZES = (4096, 7168)
+
+
+def _warmup_keys(owner: Any) -> list[Any]:
+    """Compile keys from vLLM's ``get_warmup_keys``; a ``vllm_config`` parameter gets
+    the draft configuration at each of :data:`HIDDEN_SIZES`."""
     params = inspect.signature(owner.get_warmup_keys).parameters
     fixed, varying = {}, {}
     for name, p in params.items():
         if name == "vllm_config":
-            fixed[name] = cfg
+            configs = []
+            for hidden in HIDDEN_SIZES:
+                c = _draft_config()
+                c.model_config.hf_config.hidden_size = hidden
+                configs.append(c)
+            varying[name] = configs
         elif name in WARMUP_ARGS:
             varying[name] = WARMUP_ARGS[name]
         elif p.default is inspect.Parameter.empty:
@@ -529,7 +542,7 @@ def probe_kernels(capability: int) -> dict[str, Any]:
             out["not_on_path"].append(qual)
             continue
         try:
-            keys = _warmup_keys(owner, cfg)
+            keys = _warmup_keys(owner)
         except Exception as exc:
             out["owners"][qual] = {"keys": 0, "compiled": 0,
                                    "failed": [f"get_warmup_keys: {type(exc).__name__}: {exc}"]}
