@@ -30,7 +30,8 @@ tree imported with a CUDA platform mocked to 8.0 and 8.6 (tests/vllm_cpu_harness
    for the draft layer index (sliding-window only) and runs DSpark's
    ``_insert_context_kv`` with the ``_C`` op replaced by a recorder: the padded head
    count it passes must be one the op is instantiated for (parsed from the tree's
-   ``csrc``), and the op must be built for every CUDA architecture and accept sm_80;
+   ``csrc`` and read off an sm_80 cubin that nvcc builds from that source), and the
+   op must be built for every CUDA architecture and accept sm_80;
 3. can fail: a known FP8 kernel goes through the same compile step and must fail
    with the SM89+ error, and on the pristine tree the drafts select FlashMLA.
 
@@ -152,8 +153,12 @@ if "pytest" in sys.modules:
 
     @pytest.fixture(scope="module")
     def patched(trees: dict[str, Path]) -> dict[str, dict[str, Any]]:
-        return {cap: run_child(trees["patched"], cap, "kernels", "attention", "insert")
-                for cap in SM8X}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(SM8X)) as pool:  # one process each
+            futures = {cap: pool.submit(run_child, trees["patched"], cap, "kernels",
+                                        "attention", "insert") for cap in SM8X}
+            return {cap: f.result() for cap, f in futures.items()}
 
     @pytest.mark.parametrize("cap", SM8X)
     def test_draft_triton_kernels_compile_for_sm8x(patched, cap: str) -> None:
@@ -221,6 +226,40 @@ if "pytest" in sys.modules:
         got = run_child(trees["pristine"], "8.0", "attention")["attention"]
         assert got["mtp"] and not any(c == AMPERE_CLS for c in got["mtp"] + got["dspark"]), got
         assert all(c.endswith("DeepseekV4FlashMLAAttention") for c in got["mtp"] + got["dspark"])
+
+    def test_c_insert_op_builds_for_sm80_with_every_padded_head_count(trees, patched,
+                                                                       tmp_path) -> None:
+        """Compile the tree's fused qnorm/RoPE/KV-insert source for sm_80 (nvcc, no GPU;
+        sm_86 runs sm_80 code) and read the instantiated head counts off the cubin."""
+        import shutil
+
+        nvcc, cxxfilt = shutil.which("nvcc"), shutil.which("c++filt")
+        if nvcc is None or cxxfilt is None:
+            pytest.skip("needs nvcc and c++filt on PATH")
+        from torch.utils.cpp_extension import include_paths
+
+        # torch_utils.h declares a cuBLAS handle getter the op never calls; the CUDA
+        # toolkit here ships no cuBLAS headers, so declare the handle type alone.
+        stub = tmp_path / "include"
+        stub.mkdir()
+        (stub / "cublas_v2.h").write_text("typedef struct cublasContext* cublasHandle_t;\n")
+        cubin = tmp_path / "insert.cubin"
+        tree = trees["patched"]
+        proc = subprocess.run(
+            [nvcc, "-std=c++17", "-arch=sm_80", "--cubin", "-DUSE_CUDA",
+             f"-I{tree / 'csrc'}", f"-I{stub}", *(f"-I{p}" for p in include_paths()),
+             str(tree / C_OP_SRC), "-o", str(cubin)],
+            capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        names = sorted({m.decode() for m in re.findall(rb"_Z[A-Za-z0-9_]+", cubin.read_bytes())})
+        demangled = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True,
+                                   text=True, check=True).stdout
+        heads = {int(n) for n in re.findall(
+            r"fusedDeepseekV4QNormRopeKVRopeQuantInsertKernel<c10::BFloat16, (\d+),", demangled)}
+        assert heads == _c_op_facts(tree)["heads"], heads
+        for cap in SM8X:
+            got = patched[cap]["insert"]
+            assert {got["padded_heads"], *got["padded_by_tp"].values()} <= heads
 
     def test_c_op_facts_can_fail(tmp_path: Path, trees) -> None:
         """The csrc parse detects a missing instantiation and an SM90-only guard."""
