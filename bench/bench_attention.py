@@ -80,7 +80,13 @@ def load_xpu_triton():
     spec = importlib.util.spec_from_file_location("xpu_mla_sparse_upstream", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.triton_bf16_mla_sparse_interface, path
+    # record where it came from without this machine's absolute path
+    shown = Path(path).resolve()
+    for root in (REPO, REPO.parent):
+        if shown.is_relative_to(root):
+            shown = shown.relative_to(root)
+            break
+    return mod.triton_bf16_mla_sparse_interface, str(shown)
 
 
 # ---------------------------------------------------------------------------- decode
