@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from .fp8 import e4m3_values
+
 HEAD_DIM = 512
 NOPE_DIM = 448
 ROPE_DIM = 64
@@ -51,16 +53,8 @@ __all__ = [
 
 
 def decode_e4m3(codes: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Exact value of e4m3fn byte codes (uint8), by bit arithmetic (NaN for 0x7F/0xFF)."""
-    c = codes.to(torch.int64)
-    sign = torch.where((c & 0x80) != 0, -1.0, 1.0).to(torch.float64)
-    exp = (c >> 3) & 0xF
-    man = (c & 0x7).to(torch.float64)
-    normal = (1.0 + man / 8.0) * torch.exp2((exp - 7).to(torch.float64))
-    sub = man * 2.0**-9
-    val = sign * torch.where(exp == 0, sub, normal)
-    val = torch.where((c & 0x7F) == 0x7F, torch.full_like(val, math.nan), val)
-    return val.to(dtype)
+    """Exact value of e4m3fn byte codes (NaN for 0x7F/0xFF), from the shared table."""
+    return e4m3_values(codes).to(dtype)
 
 
 def _as_bytes(cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:

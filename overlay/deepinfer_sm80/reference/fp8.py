@@ -38,6 +38,16 @@ _POS_VALUES = torch.tensor([_e4m3_value(c) for c in range(0x7F)], dtype=torch.fl
 _TABLE = torch.tensor([_e4m3_value(c) for c in range(256)], dtype=torch.float64)
 
 
+#: float64 value of each of the 256 codes (0x7F / 0xFF -> NaN); the one decode table that
+#: every reference (cache, attention, writers) uses.
+E4M3_VALUES = _TABLE
+
+
+def e4m3_values(codes: torch.Tensor) -> torch.Tensor:
+    """Integer codes (any integer dtype, 0..255) -> exact float64 values."""
+    return _TABLE.to(codes.device)[codes.to(torch.long)]
+
+
 def e4m3_to_float(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes -> float32 values (exact)."""
     if codes.dtype != torch.uint8:

@@ -19,7 +19,9 @@ import math
 
 import torch
 
-FP8_MAX = 448.0
+from . import fp8
+
+FP8_MAX = fp8.E4M3_MAX
 
 
 # ----------------------------------------------------------------------------
@@ -27,43 +29,13 @@ FP8_MAX = 448.0
 # ----------------------------------------------------------------------------
 def e4m3_decode_table() -> torch.Tensor:
     """float64 value of each of the 256 e4m3fn codes (0x7F, 0xFF -> NaN)."""
-    vals = []
-    for c in range(256):
-        s = -1.0 if c & 0x80 else 1.0
-        e = (c >> 3) & 0xF
-        m = c & 0x7
-        if (c & 0x7F) == 0x7F:
-            vals.append(float("nan"))
-        elif e == 0:
-            vals.append(s * m * 2.0**-9)
-        else:
-            vals.append(s * (1.0 + m / 8.0) * 2.0 ** (e - 7))
-    return torch.tensor(vals, dtype=torch.float64)
+    return fp8.E4M3_VALUES.clone()
 
 
-_TABLE = e4m3_decode_table()
-_POS_VALUES = _TABLE[:0x7F]  # codes 0..0x7E, increasing, 0 .. 448
-
-
-def e4m3_decode_ref(codes: torch.Tensor) -> torch.Tensor:
-    return _TABLE[codes.to(torch.long)]
-
-
-def e4m3_encode_ref(x: torch.Tensor) -> torch.Tensor:
-    """Nearest e4m3fn code, ties to the even code, finite values saturate to
-    +-448 (infinities too), NaN -> 0x7F, the sign of zero kept."""
-    xd = x.to(torch.float64)
-    neg = torch.signbit(xd)
-    a = xd.abs().clamp(max=FP8_MAX)
-    hi = torch.searchsorted(_POS_VALUES, a.nan_to_num(0.0)).clamp(max=0x7E)
-    lo = (hi - 1).clamp(min=0)
-    d_hi = _POS_VALUES[hi] - a
-    d_lo = a - _POS_VALUES[lo]
-    pick_lo = (d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0))
-    code = torch.where(pick_lo, lo, hi)
-    code = torch.where(neg, code | 0x80, code)
-    code = torch.where(torch.isnan(xd), torch.full_like(code, 0x7F), code)
-    return code.to(torch.uint8)
+# The codecs are the shared ones in reference/fp8.py (nearest code, ties to even,
+# saturating to +-448, NaN -> 0x7F, sign of zero kept).
+e4m3_decode_ref = fp8.e4m3_values
+e4m3_encode_ref = fp8.float_to_e4m3_satfinite
 
 
 def ue8m0_exponent_ref(scale: torch.Tensor) -> torch.Tensor:
