@@ -142,15 +142,23 @@ def combine_call(fn: Callable, s: dict[str, Any], out=None) -> Callable[[], Any]
 
 
 # ---------------------------------------------------------------- implementations -------
+class _Skipped(Exception):
+    """A baseline left out on purpose (--ours-only)."""
+
+
 class Impls:
     """Resolves the implementations once; ``missing`` says why one is absent."""
 
-    def __init__(self, tree: str | None, sm_count: int | None):
+    def __init__(self, tree: str | None, sm_count: int | None, baselines: bool = True):
         self.gather: dict[str, Callable] = {}
         self.combine: dict[str, Callable] = {}
         self.missing: dict[str, str] = {}
         self.upstream_mod = None
+        if not baselines:
+            self.missing["baselines"] = "not run (--ours-only)"
         try:
+            if not baselines:
+                raise _Skipped()
             mod = upstream_import.import_upstream(upstream_import.CACHE_UTILS, tree)
             self.upstream_mod = mod
             from vllm.utils.import_utils import has_cutedsl  # type: ignore[import-not-found]
@@ -163,13 +171,19 @@ class Impls:
             self.gather["upstream"] = (
                 lambda out, kc, sl, gl, bt, bs, off: kern(out, kc, sl, gl, bt, bs, off, use_fnuz=False))
             self.combine["upstream"] = mod.combine_topk_swa_indices
+        except _Skipped:
+            pass
         except Exception as e:  # recorded, the run goes on
             self.missing["upstream"] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
         try:
+            if not baselines:
+                raise _Skipped()
             from deepinfer_sm80.triton_portable import dequantize_and_gather_k_cache as pg
 
             self.gather["portable"] = pg
+        except _Skipped:
+            pass
         except Exception as e:
             self.missing["portable"] = f"{type(e).__name__}: {e}"
         try:
@@ -285,8 +299,22 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
                        sets=len(sets), timing=t.as_dict())
             print(f"gather {shape:>10} {name:>9}: {t.median_us:9.1f} us  {bw:7.0f} GB/s "
                   f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+        same_bytes_row(report, "dequantize_and_gather_k_cache", shape, per_set, copy_gbps)
         del sets
         torch.cuda.empty_cache()
+
+
+def same_bytes_row(report: common.Report, kernel: str, shape: str, nbytes: int,
+                   copy_gbps: float) -> None:
+    """Reference row: an elementwise copy kernel moving the same bytes (half read, half
+    written), graph-replayed like the kernels: the copy ceiling at this size."""
+    t = common.same_bytes_copy_time(nbytes)
+    bw = common.gbps(nbytes, t.median_us)
+    report.add(kernel=kernel, shape=shape, impl="copy, same bytes", median_us=t.median_us,
+               iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw, pct_copy=100.0 * bw / copy_gbps,
+               timing=t.as_dict())
+    print(f"{kernel[:7]} {shape:>16} copy, same bytes: {t.median_us:8.2f} us  {bw:7.0f} GB/s "
+          f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
 
 
 def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
@@ -338,6 +366,7 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
                        exact_vs_upstream=exact.get(name, True if name == "upstream" else None),
                        sets=len(sets), timing=t.as_dict())
             print(f"combine {shape:>16} {name:>9}: {t.median_us:8.2f} us  {bw:7.0f} GB/s", flush=True)
+        same_bytes_row(report, "combine_topk_swa_indices", shape, bytes_moved, copy_gbps)
         del sets
         torch.cuda.empty_cache()
 
@@ -350,9 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sm-count", type=int, default=108,
                     help="also time our kernels with the grid sized for this SM count "
                          "(default 108, an A100's; 0: only the device's own)")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="time only our kernels (variant sweeps); no upstream/portable baselines")
     args = ap.parse_args(argv)
     common.require_cuda()
-    impls = Impls(args.tree, args.sm_count)
+    impls = Impls(args.tree, args.sm_count, baselines=not args.ours_only)
     report = common.Report(
         name="bench_cache",
         title="KV-cache gather and index combine (issue 4)",
@@ -372,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         "upstream's kernel (no FP8, compiles for SM80)")
     report.notes.append(
         "times: CUDA-graph replay, median per call (iqr = 25th-75th percentile), input sets "
-        "rotated to exceed 2x L2; gather bytes = 584 read + 1024 written per entry; combine "
+        "rotated to exceed 2x L2; 'copy, same bytes' = graph-replayed bitwise_not reading half "
+        "and writing half of the row's bytes (the copy ceiling at this size); gather bytes = 584 read + 1024 written per entry; combine "
         "bytes = top-k entries read + 640x4 B row + 4 B length written per token")
     if impls.upstream_mod is not None:
         try:

@@ -12,14 +12,31 @@ namespace {
 
 constexpr float kLog2eC = 1.4426950408889634f;
 constexpr float kLn2C = 0.6931471805599453f;
-constexpr int kCombineThreads = 64;  // 8 dims each
+// Block = one (token, head): kGroups split groups x 128 threads x 4 dims. Every thread
+// issues the loads of all its splits' partials (split sg + kGroups * i) before it waits
+// for the weights, so the whole merge costs one round trip to L2 for the partials, in
+// parallel with the one for the (m, l) statistics; the groups' sums meet in shared memory.
+constexpr int kDimThreads = kHeadDim / 4;  // 128: one float4 of O each
+constexpr int kGroups = 4;
+constexpr int kCombineThreads = kDimThreads * kGroups;
+constexpr int kMaxSplits = 64;
+constexpr int kPerThread = kMaxSplits / kGroups;
 
 __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(const SparseMlaParams p) {
-  constexpr int kMaxSplits = 64;
   __shared__ float s_w[kMaxSplits];
+  __shared__ float4 s_sum[kGroups - 1][kDimThreads];
   const int h = blockIdx.x % p.num_heads;
   const int tok = blockIdx.x / p.num_heads;
   const int S = p.num_splits, H = p.num_heads;
+  const int sg = threadIdx.x / kDimThreads, dt = threadIdx.x % kDimThreads;
+  const float* src = p.part_o + (static_cast<int64_t>(tok) * S * H + h) * kHeadDim + dt * 4;
+  float4 x[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int sp = sg + kGroups * i;
+    x[i] = sp < S ? *reinterpret_cast<const float4*>(src + static_cast<int64_t>(sp) * H * kHeadDim)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const float* ml = p.part_ml + static_cast<int64_t>(tok) * S * 3 * H;
   // one split per lane of warp 0: max, then weights 2^(m_s - M) * l_s, in parallel
   if (threadIdx.x < 32) {
@@ -66,25 +83,31 @@ __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(con
     }
   }
   __syncthreads();
-  const int d0 = threadIdx.x * 8;
-  float o[8];
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = 0.f;
-  const float* src = p.part_o + (static_cast<int64_t>(tok) * S * H + h) * kHeadDim + d0;
-#pragma unroll 4
-  for (int sp = 0; sp < S; ++sp) {
+  for (int i = 0; i < kPerThread; ++i) {
+    const int sp = sg + kGroups * i;
+    if (sp >= S) break;
     const float w = s_w[sp];
     if (w == 0.f) continue;  // empty split: its partial may be anything finite
-    const float4 x = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(sp) * H * kHeadDim);
-    const float4 y = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(sp) * H * kHeadDim + 4);
-    o[0] += w * x.x; o[1] += w * x.y; o[2] += w * x.z; o[3] += w * x.w;
-    o[4] += w * y.x; o[5] += w * y.y; o[6] += w * y.z; o[7] += w * y.w;
+    o.x += w * x[i].x; o.y += w * x[i].y; o.z += w * x[i].z; o.w += w * x[i].w;
   }
-  __nv_bfloat162 r[4];
+  if (sg > 0) s_sum[sg - 1][dt] = o;
+  __syncthreads();
+  if (sg == 0) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) r[e] = __floats2bfloat162_rn(o[2 * e], o[2 * e + 1]);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok + h * p.out_stride_head + d0;
-  *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4*>(r);
+    for (int g = 0; g < kGroups - 1; ++g) {
+      const float4 y = s_sum[g][dt];
+      o.x += y.x; o.y += y.y; o.z += y.z; o.w += y.w;
+    }
+    const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(o.z, o.w);
+    uint2 v;
+    v.x = *reinterpret_cast<const uint32_t*>(&a);
+    v.y = *reinterpret_cast<const uint32_t*>(&b);
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok + h * p.out_stride_head + dt * 4;
+    *reinterpret_cast<uint2*>(out) = v;
+  }
 }
 
 }  // namespace

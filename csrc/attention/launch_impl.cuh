@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "config_sm80.h"
 #include "config_sm86.h"
 #include "sparse_mla_kernel.cuh"
@@ -29,6 +32,15 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// $DEEPINFER_ATTN_SCORE_TILE=wide: the wide score tiles for 64 and 32 heads (read once).
+inline bool wide_score_tiles() {
+  static const bool wide = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_SCORE_TILE");
+    return e != nullptr && std::strcmp(e, "wide") == 0;
+  }();
+  return wide;
+}
+
 template <bool kFp8>
 LaunchInfo launch_info_dispatch(TileConfigId id) {
   switch (id) {
@@ -42,8 +54,10 @@ LaunchInfo launch_info_dispatch(TileConfigId id) {
 template <bool kFp8>
 cudaError_t launch_dispatch(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
   switch (id) {
-    case TileConfigId::kH64: return launch_cfg<CfgH64, kFp8>(p, stream);
-    case TileConfigId::kH32: return launch_cfg<CfgH32, kFp8>(p, stream);
+    case TileConfigId::kH64:
+      return wide_score_tiles() ? launch_cfg<CfgH64w, kFp8>(p, stream) : launch_cfg<CfgH64, kFp8>(p, stream);
+    case TileConfigId::kH32:
+      return wide_score_tiles() ? launch_cfg<CfgH32w, kFp8>(p, stream) : launch_cfg<CfgH32, kFp8>(p, stream);
     case TileConfigId::kH16: return launch_cfg<CfgH16, kFp8>(p, stream);
     case TileConfigId::kH8: return launch_cfg<CfgH8, kFp8>(p, stream);
   }

@@ -38,7 +38,8 @@ template <class Cfg, bool kFp8>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const SparseMlaParams p) {
   using L = typename Cfg::template Layout<kFp8>;
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
-  constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, DM = Cfg::DM, TPH = Cfg::TPH;
+  constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, KMW = Cfg::KMW, DM = Cfg::DM,
+                TPH = Cfg::TPH;
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = ptx::smem_u32(smem);
@@ -198,23 +199,30 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       kt += st * Cfg::kTileBytes;
     }
 
-    // ---- scores: S^T[key][head] = K Q^T
+    // ---- scores: S^T[key][head] = K Q^T. A warp owns KMW key m16-tiles x NTW head
+    // n8-tiles; per 16-dim k-step it loads KMW A fragments (ldmatrix.x4 of K) and NTW B
+    // fragments (ldmatrix of Q) for KMW * NTW MMAs. With fewer than 4 MMAs per k-step the
+    // even and odd k-steps accumulate into separate registers (two independent chains).
     if (warp < Cfg::S_WARPS) {
-      const int km = warp / (HN / NTW);
+      constexpr int CH = (KMW * NTW >= 4) ? 1 : 2;
+      const int km0 = (warp / (HN / NTW)) * KMW;
       const int hn0 = (warp % (HN / NTW)) * NTW;
-      float sacc[2][NTW][4];  // even / odd k-steps: two independent MMA chains
+      float sacc[CH][KMW][NTW][4];
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
+      for (int u = 0; u < CH; ++u)
 #pragma unroll
-        for (int n = 0; n < NTW; ++n)
+        for (int a = 0; a < KMW; ++a)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) sacc[u][n][c] = 0.f;
+          for (int n = 0; n < NTW; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sacc[u][a][n][c] = 0.f;
       // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
       // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
-      // per-thread base addresses plus a compile-time offset once the loop is unrolled.
+      // per-thread base addresses plus a compile-time offset once the loop is unrolled
+      // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB).
       const int mi = lane >> 3, r7 = lane & 7;
-      const uint32_t a_row = kt + (km * 16 + (mi & 1) * 8 + r7) * 1024;
-      const uint32_t b_row = s_base + L::q + ((hn0 + (NTW == 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024;
+      const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024;
+      const uint32_t b_row = s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024;
       uint32_t a_addr[4], b_addr[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -223,34 +231,44 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       }
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        const int u = ks & 3, c = ks & 1;
+        const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
         const uint32_t koff = (ks >> 2) * 128;
-        uint32_t af[4];
-        ptx::ldmatrix_x4(a_addr[u] + koff, af[0], af[1], af[2], af[3]);
+        uint32_t bf[NTW][2];
         if constexpr (NTW == 1) {
-          uint32_t b0, b1;
-          ptx::ldmatrix_x2(b_addr[u] + koff, b0, b1);
-          ptx::mma_bf16_16816(sacc[c][0], af, b0, b1);
+          ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
         } else {
-          uint32_t b0, b1, b2, b3;
-          ptx::ldmatrix_x4(b_addr[u] + koff, b0, b1, b2, b3);
-          ptx::mma_bf16_16816(sacc[c][0], af, b0, b1);
-          ptx::mma_bf16_16816(sacc[c][1], af, b2, b3);
+#pragma unroll
+          for (int n = 0; n < NTW; n += 2)
+            ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
+                             bf[n + 1][1]);
+        }
+#pragma unroll
+        for (int a = 0; a < KMW; ++a) {
+          uint32_t af[4];
+          ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
+#pragma unroll
+          for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
         }
       }
+      if constexpr (CH == 2) {
 #pragma unroll
-      for (int n = 0; n < NTW; ++n)
+        for (int a = 0; a < KMW; ++a)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) sacc[0][n][c] += sacc[1][n][c];
+          for (int n = 0; n < NTW; ++n)
 #pragma unroll
-      for (int n = 0; n < NTW; ++n) {
-        const int col = (hn0 + n) * 8 + 2 * t;
-        const int row = km * 16 + g;
-        *reinterpret_cast<float2*>(s_scores + row * Cfg::S_STRIDE + col) =
-            make_float2(sacc[0][n][0] * p.scale_log2, sacc[0][n][1] * p.scale_log2);
-        *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
-            make_float2(sacc[0][n][2] * p.scale_log2, sacc[0][n][3] * p.scale_log2);
+            for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
       }
+#pragma unroll
+      for (int a = 0; a < KMW; ++a)
+#pragma unroll
+        for (int n = 0; n < NTW; ++n) {
+          const int col = (hn0 + n) * 8 + 2 * t;
+          const int row = (km0 + a) * 16 + g;
+          *reinterpret_cast<float2*>(s_scores + row * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
+          *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
+        }
     }
     __syncthreads();
 

@@ -10,17 +10,18 @@
 
 namespace deepinfer_sm80::attention {
 
-template <int kHG, int kBK, int kWarps, int kNTW, int kStages>
+template <int kHG, int kBK, int kWarps, int kNTW, int kStages, int kKMW = 1>
 struct TileConfig {
   static constexpr int HG = kHG;          // heads per block
   static constexpr int BK = kBK;          // keys per tile
   static constexpr int NWARPS = kWarps;
   static constexpr int NTHREADS = kWarps * 32;
   static constexpr int NTW = kNTW;        // head n8-tiles per warp in the score MMA
+  static constexpr int KMW = kKMW;        // key m16-tiles per warp in the score MMA
   static constexpr int STAGES = kStages;  // bf16: K/V tiles in flight; fp8: raw record tiles
   static constexpr int KM = BK / 16;      // key m16-tiles per tile
   static constexpr int HN = HG / 8;       // head n8-tiles
-  static constexpr int S_WARPS = KM * HN / NTW;  // warps busy in the score MMA
+  static constexpr int S_WARPS = KM * HN / (NTW * KMW);  // warps busy in the score MMA
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
@@ -28,10 +29,10 @@ struct TileConfig {
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
 
   static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
-  static_assert((HN % NTW) == 0 && S_WARPS <= NWARPS, "score MMA split");
+  static_assert((HN % NTW) == 0 && (KM % KMW) == 0 && S_WARPS <= NWARPS, "score MMA split");
   static_assert(DW % 64 == 0, "PV MMA split (the swizzle arithmetic needs 64-dim slices)");
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "softmax split");
-  static_assert(NTW <= 2 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
+  static_assert(NTW <= 4 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
 
   // Shared memory layout (bytes). Q and K/V rows are 1024 bytes with 16-byte chunks
   // XOR-swizzled by (row & 7) so that ldmatrix of 8 rows touches 8 different bank groups.

@@ -182,6 +182,11 @@ int gather_blocks_per_sm() {
         n <= 0) {
       n = 4;
     }
+    // $DEEPINFER_GATHER_BLOCKS_PER_SM (benchmark knob): fewer resident blocks per SM than
+    // the occupancy limit (each warp then handles more entries)
+    const char* e = std::getenv("DEEPINFER_GATHER_BLOCKS_PER_SM");
+    const int want = e != nullptr ? std::atoi(e) : 0;
+    if (want > 0 && want < n) n = want;
     return n;
   }();
   return cached;
@@ -202,13 +207,15 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 }
 
 // Tuning knobs for benchmarks, read once per process:
-//   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 (default 4): entries a warp keeps in flight;
-//   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows.
+//   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
+//   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
+//   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size.
 int gather_variant() {
   static int v = [] {
     const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
     const char* st = std::getenv("DEEPINFER_GATHER_STORE");
-    const int inflight = (e != nullptr && std::atoi(e) == 2) ? 2 : 4;
+    const int want = e != nullptr ? std::atoi(e) : 4;
+    const int inflight = (want == 2 || want == 8) ? want : 4;
     const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
     return inflight + (cs ? 1 : 0);
   }();
@@ -223,6 +230,8 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 2: launch<2, false>(p, lim, stream); break;
     case 3: launch<2, true>(p, lim, stream); break;
     case 5: launch<4, true>(p, lim, stream); break;
+    case 8: launch<8, false>(p, lim, stream); break;
+    case 9: launch<8, true>(p, lim, stream); break;
     default: launch<4, false>(p, lim, stream); break;
   }
 }
