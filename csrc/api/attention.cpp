@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../attention/params.h"
@@ -55,6 +57,30 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
   TORCH_CHECK(false, "sparse MLA attention: no tile configuration fits in ", smem_cap,
               " bytes of shared memory per block (the smallest needs ",
               info_of(TileConfigId::kH8, fp8).smem_bytes, ")");
+}
+
+// Decode: start from the widest configuration that fits and narrow the head group while
+// the grid, even with the most useful splits (one tile each), would leave SMs idle: a
+// batch-1 step with 64 heads runs 8 groups of 8 heads x 20 splits (160 blocks) instead of
+// 20 blocks that each do 8x the work per tile; the groups re-read the same keys from L2.
+// $DEEPINFER_ATTN_NARROW=0 turns this off (for measurements).
+TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
+                                  int smem_cap) {
+  TileConfigId id = choose_config(heads, true, smem_cap);
+  static const bool narrow = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_NARROW");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  if (!narrow) return id;
+  while (id != TileConfigId::kH8) {
+    const LaunchInfo li = decode_launch_info(id);
+    const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
+    const int64_t useful_splits =
+        std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
+    if (tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
+    id = static_cast<TileConfigId>(static_cast<int>(id) + 1);  // next narrower (kH64 -> kH32 -> ...)
+  }
+  return id;
 }
 
 // Split count for decode: fill the machine without paying for many partials. Cost model in
@@ -206,12 +232,13 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   if (T == 0 || H == 0) return;
 
   const int cap = device_smem_cap(smem_cap);
-  const TileConfigId id = choose_config(H, true, cap);
+  const int sms = device_sms(num_sms);
+  const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
+  const TileConfigId id = choose_decode_config(T, H, capacity, sms, cap);
   const LaunchInfo li = decode_launch_info(id);
   const int64_t groups = (H + li.heads_per_block - 1) / li.heads_per_block;
-  const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
   int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, kMaxSplits))
-                              : choose_splits(T, groups, capacity, li, device_sms(num_sms), cap);
+                              : choose_splits(T, groups, capacity, li, sms, cap);
   const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
   splits = static_cast<int>(std::min<int64_t>(splits, tiles));
   p.num_splits = std::max(1, splits);
@@ -280,7 +307,8 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
 std::vector<int64_t> sparse_mla_plan(int64_t num_tokens, int64_t num_heads, int64_t capacity, bool fp8,
                                      int64_t num_sms, int64_t smem_cap) {
   const int cap = device_smem_cap(smem_cap);
-  const TileConfigId id = choose_config(num_heads, fp8, cap);
+  const TileConfigId id = fp8 ? choose_decode_config(num_tokens, num_heads, capacity, device_sms(num_sms), cap)
+                              : choose_config(num_heads, fp8, cap);
   const LaunchInfo li = info_of(id, fp8);
   const int64_t groups = (num_heads + li.heads_per_block - 1) / li.heads_per_block;
   const int splits = fp8 ? choose_splits(num_tokens, groups, capacity, li, device_sms(num_sms), cap) : 1;

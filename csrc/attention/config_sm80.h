@@ -14,13 +14,14 @@
 
 namespace deepinfer_sm80::attention {
 
-using CfgH64 = TileConfig<64, 32, 8, 2, 2>;
-using CfgH32 = TileConfig<32, 32, 8, 1, 2>;
-// Wider score-MMA warp tiles (fewer shared-memory bytes per MMA: 32 keys x 16 heads = 384 B
-// per MMA for 64 heads, 16 x 16 = 512 B for 32 heads, against 512 / 768 B above), on 4 of
-// the 8 warps. Selected with $DEEPINFER_ATTN_SCORE_TILE=wide while being measured.
-using CfgH64w = TileConfig<64, 32, 8, 2, 2, 2>;
-using CfgH32w = TileConfig<32, 32, 8, 2, 2, 1>;
+// Score-MMA warp tiles: 64 heads -> 4 warps of 32 keys x 16 heads (384 shared-memory bytes
+// per MMA; the warp holds all keys of its heads, so the softmax runs in its registers);
+// 32 heads -> 4 warps of 16 x 16 (512 B per MMA, softmax through shared memory).
+using CfgH64 = TileConfig<64, 32, 8, 2, 2, 2>;
+using CfgH32 = TileConfig<32, 32, 8, 2, 2, 1>;
+// Register-softmax alternative for 32 heads (4 warps of 32 keys x 8 heads), selected with
+// $DEEPINFER_ATTN_REGSM=1 while being measured.
+using CfgH32r = TileConfig<32, 32, 8, 1, 2, 2>;
 
 constexpr int kSmemCapSm80 = 163 * 1024;
 

@@ -32,13 +32,13 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// $DEEPINFER_ATTN_SCORE_TILE=wide: the wide score tiles for 64 and 32 heads (read once).
-inline bool wide_score_tiles() {
-  static const bool wide = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_SCORE_TILE");
-    return e != nullptr && std::strcmp(e, "wide") == 0;
+// $DEEPINFER_ATTN_REGSM=1: register-softmax tiles for 32, 16 and 8 heads (read once).
+inline bool reg_softmax_tiles() {
+  static const bool on = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_REGSM");
+    return e != nullptr && std::strcmp(e, "1") == 0;
   }();
-  return wide;
+  return on;
 }
 
 template <bool kFp8>
@@ -53,13 +53,12 @@ LaunchInfo launch_info_dispatch(TileConfigId id) {
 
 template <bool kFp8>
 cudaError_t launch_dispatch(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
+  const bool r = reg_softmax_tiles();
   switch (id) {
-    case TileConfigId::kH64:
-      return wide_score_tiles() ? launch_cfg<CfgH64w, kFp8>(p, stream) : launch_cfg<CfgH64, kFp8>(p, stream);
-    case TileConfigId::kH32:
-      return wide_score_tiles() ? launch_cfg<CfgH32w, kFp8>(p, stream) : launch_cfg<CfgH32, kFp8>(p, stream);
-    case TileConfigId::kH16: return launch_cfg<CfgH16, kFp8>(p, stream);
-    case TileConfigId::kH8: return launch_cfg<CfgH8, kFp8>(p, stream);
+    case TileConfigId::kH64: return launch_cfg<CfgH64, kFp8>(p, stream);
+    case TileConfigId::kH32: return r ? launch_cfg<CfgH32r, kFp8>(p, stream) : launch_cfg<CfgH32, kFp8>(p, stream);
+    case TileConfigId::kH16: return r ? launch_cfg<CfgH16r, kFp8>(p, stream) : launch_cfg<CfgH16, kFp8>(p, stream);
+    case TileConfigId::kH8: return r ? launch_cfg<CfgH8r, kFp8>(p, stream) : launch_cfg<CfgH8, kFp8>(p, stream);
   }
   return cudaErrorInvalidValue;
 }

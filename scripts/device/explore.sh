@@ -33,20 +33,22 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     tests/gpu/test_index_kernels.py > "$OUT/tests.log" 2>&1 || rc=1
   tail -3 "$OUT/tests.log"; echo "=== tests rc=$rc ($((SECONDS - t0)) s)"
   t0=$SECONDS
-  DEEPINFER_ATTN_SCORE_TILE=wide timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
-    > "$OUT/tests-wide.log" 2>&1 || rc=1
-  tail -2 "$OUT/tests-wide.log"; echo "=== wide-tile attention tests ($((SECONDS - t0)) s)"
+  DEEPINFER_ATTN_REGSM=1 timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
+    > "$OUT/tests-regsm.log" 2>&1 || rc=1
+  tail -2 "$OUT/tests-regsm.log"; echo "=== register-softmax-variant attention tests ($((SECONDS - t0)) s)"
   DEEPINFER_GATHER_INFLIGHT=8 timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
     > "$OUT/tests-gather8.log" 2>&1 || rc=1
   tail -1 "$OUT/tests-gather8.log"
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   t0=$SECONDS
-  for v in ${ATTN_SWEEP:-default wide}; do
-    extra=""; [ "$v" = default ] && extra="--b1"
-    DEEPINFER_ATTN_SCORE_TILE=$v timeout 240 $PY bench/explore_attention.py --tag "$v" $extra \
-      --smem-cap 166912 --json "$OUT/explore_attention_$v.json" > "$OUT/explore_attention_$v.log" 2>&1 || rc=1
-    grep -v "^\[" "$OUT/explore_attention_$v.log" | cut -c1-220
+  # variants: name=ENV settings (comma-separated); the first also sweeps batch-1 splits
+  for v in ${ATTN_SWEEP:-default regsm=DEEPINFER_ATTN_REGSM=1 nonarrow=DEEPINFER_ATTN_NARROW=0}; do
+    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
+    extra=""; [ "$name" = default ] && extra="--b1"
+    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" $extra \
+      --smem-cap 166912 --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
+    grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
   echo "=== attention sweep ($((SECONDS - t0)) s)"
   t0=$SECONDS
@@ -62,5 +64,13 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   done
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
+fi
+if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
+  t0=$SECONDS
+  M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
+  timeout 200 ncu --clock-control none --launch-skip 2 --launch-count 2 --metrics $M \
+    $PY bench/profile_gather.py > "$OUT/ncu_gather.txt" 2>&1
+  grep -E "gather_k|bitwise|elementwise|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather.txt" | head -40
+  echo "=== profile ($((SECONDS - t0)) s)"
 fi
 echo "explore.sh rc=$rc"; exit $rc

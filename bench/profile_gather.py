@@ -1,0 +1,34 @@
+"""Runs our gather (1 x 49,152 entries) and an elementwise copy moving the same bytes, twice
+each, for Nsight Compute (scripts/device/explore.sh): DRAM bytes read/written and
+throughput of the two side by side explain the gather's distance from the copy ceiling."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "overlay"))
+
+import bench_cache as bc  # noqa: E402
+
+from deepinfer_sm80.ops import cache as ours  # noqa: E402
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    s = bc.make_gather_set(1, 49152, gen)
+    per_set = 49152 * (bc.ENTRY_BYTES + 2 * bc.HEAD)
+    a = torch.empty(per_set // 8, dtype=torch.int32, device="cuda").random_()
+    b = torch.empty_like(a)
+    for _ in range(2):
+        bc.gather_call(ours.dequantize_and_gather_k_cache, s)()
+        torch.bitwise_not(a, out=b)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
