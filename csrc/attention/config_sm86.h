@@ -9,10 +9,6 @@ namespace deepinfer_sm80::attention {
 
 using CfgH16 = TileConfig<16, 32, 8, 1, 2>;
 using CfgH8 = TileConfig<8, 32, 8, 1, 2>;
-// Register-softmax alternatives ($DEEPINFER_ATTN_REGSM=1, being measured): 2 warps of
-// 32 keys x 8 heads (16 heads) and 1 warp of 32 x 8 (8 heads).
-using CfgH16r = TileConfig<16, 32, 8, 1, 2, 2>;
-using CfgH8r = TileConfig<8, 32, 8, 1, 2, 2>;
 
 constexpr int kSmemCapSm86 = 99 * 1024;
 

@@ -4,9 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "config_sm80.h"
 #include "config_sm86.h"
 #include "sparse_mla_kernel.cuh"
@@ -32,15 +29,6 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// $DEEPINFER_ATTN_REGSM=1: register-softmax tiles for 32, 16 and 8 heads (read once).
-inline bool reg_softmax_tiles() {
-  static const bool on = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_REGSM");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 template <bool kFp8>
 LaunchInfo launch_info_dispatch(TileConfigId id) {
   switch (id) {
@@ -53,12 +41,11 @@ LaunchInfo launch_info_dispatch(TileConfigId id) {
 
 template <bool kFp8>
 cudaError_t launch_dispatch(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
-  const bool r = reg_softmax_tiles();
   switch (id) {
     case TileConfigId::kH64: return launch_cfg<CfgH64, kFp8>(p, stream);
-    case TileConfigId::kH32: return r ? launch_cfg<CfgH32r, kFp8>(p, stream) : launch_cfg<CfgH32, kFp8>(p, stream);
-    case TileConfigId::kH16: return r ? launch_cfg<CfgH16r, kFp8>(p, stream) : launch_cfg<CfgH16, kFp8>(p, stream);
-    case TileConfigId::kH8: return r ? launch_cfg<CfgH8r, kFp8>(p, stream) : launch_cfg<CfgH8, kFp8>(p, stream);
+    case TileConfigId::kH32: return launch_cfg<CfgH32, kFp8>(p, stream);
+    case TileConfigId::kH16: return launch_cfg<CfgH16, kFp8>(p, stream);
+    case TileConfigId::kH8: return launch_cfg<CfgH8, kFp8>(p, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -159,9 +159,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;
-  // Warp softmax (a score warp holds all BK keys of its heads): m_run / l_run / lx_run
-  // are the stats of head hn0 * 8 + lane / LPH in the score warps.
-  constexpr bool kWarpSoftmax = Cfg::kWarpSoftmax;
   const int g = lane >> 2, t = lane & 3;
 
   for (int j = 0; j < num_tiles; ++j) {
@@ -272,45 +269,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
               make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
-      if constexpr (kWarpSoftmax) {
-        // The warp holds every key of its NTW * 8 heads: online softmax by the warp itself,
-        // LPH lanes per head, no block barrier in between.
-        constexpr int LPH = 32 / (NTW * 8);
-        __syncwarp();
-        const int head = hn0 * 8 + lane / LPH, part = lane % LPH;
-        const int* valid = s_valid + st * BK;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int r = part; r < BK; r += LPH)
-          if (valid[r]) mx = fmaxf(mx, s_scores[r * Cfg::S_STRIDE + head]);
-#pragma unroll
-        for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m_run, mx);
-        float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
-#pragma unroll
-        for (int r = part; r < BK; r += LPH) {
-          const float pr = valid[r] ? exp2f(s_scores[r * Cfg::S_STRIDE + head] - m_new) : 0.f;
-          const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
-          s_probs[head * Cfg::P_STRIDE + r] = pb;
-          sum += __bfloat162float(pb);
-          sum_x += pr;
-        }
-#pragma unroll
-        for (int o = LPH / 2; o > 0; o >>= 1) {
-          sum += __shfl_xor_sync(0xffffffffu, sum, o);
-          sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
-        }
-        const float alpha = (m_run == m_new) ? 1.f : exp2f(m_run - m_new);
-        l_run = l_run * alpha + sum;
-        lx_run = lx_run * alpha + sum_x;
-        m_run = m_new;
-        if (part == 0) s_alpha[head] = alpha;
-      }
     }
     __syncthreads();
 
-    // ---- online softmax, one head per TPH threads (block-wide path)
-    if constexpr (!kWarpSoftmax) {
+    // ---- online softmax, one head per TPH threads
+    {
       const int* valid = s_valid + st * BK;
       float mx = -INFINITY;
 #pragma unroll
@@ -338,8 +301,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       lx_run = lx_run * alpha + sum_x;
       m_run = m_new;
       if (sm_part == 0) s_alpha[sm_head] = alpha;
-      __syncthreads();
     }
+    __syncthreads();
 
     // ---- O^T[dim][head] += V^T P^T
     {
@@ -401,20 +364,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   ptx::cp_async_wait<0>();
 
   // ---- epilogue
-  if constexpr (!kWarpSoftmax) {
-    if (sm_part == 0) {
-      s_m[sm_head] = m_run;
-      s_l[sm_head] = l_run;
-      s_lx[sm_head] = lx_run;
-    }
-  } else if (warp < Cfg::S_WARPS) {
-    constexpr int LPH = 32 / (NTW * 8);
-    if (lane % LPH == 0) {
-      const int head = (warp % (HN / NTW)) * NTW * 8 + lane / LPH;
-      s_m[head] = m_run;
-      s_l[head] = l_run;
-      s_lx[head] = lx_run;
-    }
+  if (sm_part == 0) {
+    s_m[sm_head] = m_run;
+    s_l[sm_head] = l_run;
+    s_lx[sm_head] = lx_run;
   }
   __syncthreads();
   const int d_base = warp * Cfg::DW;

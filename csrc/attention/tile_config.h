@@ -25,9 +25,6 @@ struct TileConfig {
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
-  // A score warp that holds every key of the tile does the online softmax of its heads
-  // itself (one block barrier less per tile; scores still pass through shared memory).
-  static constexpr bool kWarpSoftmax = (KMW * 16 == BK);
   static constexpr int S_STRIDE = HG + 8;        // fp32 scores [BK][HG + 8]
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
 

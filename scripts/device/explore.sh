@@ -33,17 +33,16 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     tests/gpu/test_index_kernels.py > "$OUT/tests.log" 2>&1 || rc=1
   tail -3 "$OUT/tests.log"; echo "=== tests rc=$rc ($((SECONDS - t0)) s)"
   t0=$SECONDS
-  DEEPINFER_ATTN_REGSM=1 timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
-    > "$OUT/tests-regsm.log" 2>&1 || rc=1
-  tail -2 "$OUT/tests-regsm.log"; echo "=== register-softmax-variant attention tests ($((SECONDS - t0)) s)"
-  DEEPINFER_GATHER_INFLIGHT=8 timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
-    > "$OUT/tests-gather8.log" 2>&1 || rc=1
-  tail -1 "$OUT/tests-gather8.log"
+  for st in ${ASYNC_TESTS:-4 8 16}; do  # the asynchronous gather variants must be exact too
+    DEEPINFER_GATHER_ASYNC=$st timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
+      > "$OUT/tests-gather-async$st.log" 2>&1 || rc=1
+    echo "async gather $st: $(tail -1 "$OUT/tests-gather-async$st.log")"
+  done
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   # variants: name=ENV settings (comma-separated); the first also sweeps batch-1 splits
-  for v in ${ATTN_SWEEP:-default regsm=DEEPINFER_ATTN_REGSM=1 nonarrow=DEEPINFER_ATTN_NARROW=0}; do
+  for v in ${ATTN_SWEEP:-default}; do
     name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
     extra=""; [ "$name" = default ] && extra="--b1"
     env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" $extra \
@@ -55,12 +54,10 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   DEEPINFER_BENCH_COMMAND="bash scripts/device/explore.sh : bench/bench_cache.py --no-doc" \
     timeout 240 $PY bench/bench_cache.py --no-doc > "$OUT/bench-cache.log" 2>&1 || rc=1
   grep -E "us |FAIL" "$OUT/bench-cache.log" | head -40
-  for v in ${GATHER_SWEEP:-8:plain:0 8:cs:0 4:plain:4 8:plain:4}; do
-    IFS=: read -r inflight store bps <<< "$v"
-    DEEPINFER_GATHER_INFLIGHT=$inflight DEEPINFER_GATHER_STORE=$store DEEPINFER_GATHER_BLOCKS_PER_SM=$bps \
-      timeout 120 $PY bench/bench_cache.py --no-doc --ours-only --sm-count 0 > "$OUT/bench-cache-$inflight-$store-$bps.log" 2>&1
-    echo "--- gather inflight=$inflight store=$store blocks/SM=$bps"
-    grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-$inflight-$store-$bps.log"
+  for st in ${GATHER_SWEEP:-4 8 16}; do
+    DEEPINFER_GATHER_ASYNC=$st timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-async$st.log" 2>&1
+    echo "--- async gather, $st stages"
+    grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-async$st.log"
   done
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
@@ -68,9 +65,13 @@ fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
-  timeout 200 ncu --clock-control none --launch-skip 2 --launch-count 2 --metrics $M \
-    $PY bench/profile_gather.py > "$OUT/ncu_gather.txt" 2>&1
-  grep -E "gather_k|bitwise|elementwise|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather.txt" | head -40
+  for st in 0 ${PROFILE_ASYNC:-8}; do
+    env $([ "$st" = 0 ] || echo DEEPINFER_GATHER_ASYNC=$st) timeout 150 ncu --clock-control none \
+      --kernel-name-base demangled -k "regex:gather_k|bitwise_not" --launch-count 4 --metrics $M \
+      $PY bench/profile_gather.py > "$OUT/ncu_gather_$st.txt" 2>&1
+    echo "--- ncu, async stages $st (0 = register kernel)"
+    grep -E "^  [a-z].*\(|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather_$st.txt" | cut -c1-110 | head -30
+  done
   echo "=== profile ($((SECONDS - t0)) s)"
 fi
 echo "explore.sh rc=$rc"; exit $rc
