@@ -17,7 +17,6 @@
 // chunks holding a NaN code take the scalar path, which computes exactly that.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -116,9 +115,13 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming>(out_row + 256 + 8 * lane, hi);
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 template <int kInFlight, bool kStreaming>
 __global__ void __launch_bounds__(kThreads)
-gather_k_kernel(const GatherKParams p) {
+gather_k_kernel(const GatherKParams p, const bool prefetch_enabled) {
   using namespace kv_record;
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y;
@@ -150,6 +153,22 @@ gather_k_kernel(const GatherKParams p) {
     }
     const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
+    if (prefetch_enabled) {
+      // Ask L2 for the data lines of all n entries of the batch now (5 x 128-byte lines
+      // cover an entry's 576 bytes at any 64-byte alignment): no registers held, so far
+      // more bytes are in flight than the loads below can keep (their registers bound
+      // them); those loads then hit L2 lines that are arriving or present.
+#pragma unroll
+      for (int it = 0; it < 5; ++it) {
+        const int q = it * 32 + lane;
+        const int e = q / 5;
+        const int64_t epq = __shfl_sync(0xFFFFFFFFu, packed, e & 31);
+        if (e < n && epq >= 0) {
+          const uint8_t* blk = kv_record::block_base(p.cache, epq >> 16, p.block_stride);
+          prefetch_l2(blk + kv_record::data_offset(static_cast<int>(epq & 0xFFFF)) + (q - 5 * e) * 128);
+        }
+      }
+    }
 
     for (int k = 0; k < n; k += kInFlight) {
       int64_t ep[kInFlight];
@@ -174,145 +193,13 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
-// ---------------------------------------------------------------------------------------
-// Asynchronous variant: every warp keeps kStages entries in flight through a ring of
-// shared-memory slots filled with cp.async (36 x 16-byte data chunks + the 8-byte scale
-// word per entry), so the bytes in flight do not depend on registers or on the warp being
-// between its load and store phases: the warp decodes and stores entry j from its slot
-// while entries j+1 .. j+kStages-1 are still arriving, then refills the slot with entry
-// j+kStages. Entries of warp w are w, w + nwarps, ... (as above); block-table lookups are
-// resolved 32 entries at a time, one per lane, one batch ahead.
-constexpr int kSlotBytes = 592;  // 576 data + 8 scale + 8 pad (16-byte aligned slots)
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// (physical block << 16) | position in block of entry i, or -1 when it must be skipped.
-__device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
-                                                 int start, int gather_len, int64_t i) {
-  if (i >= gather_len) return -1;
-  const int64_t pos = start + i;
-  const int64_t blk = pos / p.block_size;
-  if (pos < 0 || blk >= p.max_blocks || p.offset + i >= p.out_rows) return -1;
-  const int64_t phys = bt_row[blk * p.bt_stride1];
-  if (phys < 0 || phys >= p.num_blocks) return -1;
-  return (phys << 16) | (pos - blk * p.block_size);
-}
-
-template <int kStages, bool kStreaming>
-__global__ void __launch_bounds__(kThreads)
-gather_k_async_kernel(const GatherKParams p) {
-  using namespace kv_record;
-  extern __shared__ __align__(16) uint8_t ring_all[];
-  const int lane = threadIdx.x & 31;
-  const int wib = threadIdx.x >> 5;
-  uint8_t* ring = ring_all + wib * kStages * kSlotBytes;
-  const uint32_t ring_s = smem_u32(ring);
-  const int r = blockIdx.y;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + wib;
-  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int start = seq_len - gather_len;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  if (warp >= gather_len) return;
-  const int64_t count = (gather_len - warp + nwarps - 1) / nwarps;  // entries of this warp
-
-  // packed[0]: batch b = j >> 5 of the entry being consumed; packed[1]: batch b + 1
-  int64_t packed_cur = resolve_entry(p, bt_row, start, gather_len, warp + lane * nwarps);
-  int64_t packed_nxt = resolve_entry(p, bt_row, start, gather_len, warp + (32 + lane) * nwarps);
-  int64_t batch = 0;
-
-  auto packed_of = [&](int64_t j) -> int64_t {  // j in batch or batch + 1 (warp-uniform)
-    const int64_t v = (j >> 5) == batch ? packed_cur : packed_nxt;
-    return __shfl_sync(0xFFFFFFFFu, v, static_cast<int>(j & 31));
-  };
-  auto issue = [&](int64_t j) {
-    if (j < count) {
-      const int64_t ep = packed_of(j);
-      if (ep >= 0) {
-        const int in_blk = static_cast<int>(ep & 0xFFFF);
-        const uint8_t* blk = block_base(p.cache, ep >> 16, p.block_stride);
-        const uint8_t* data = blk + data_offset(in_blk);
-        const uint32_t slot = ring_s + static_cast<uint32_t>((j % kStages) * kSlotBytes);
-        cp_async16(slot + 16 * lane, data + 16 * lane);
-        if (lane < 4) cp_async16(slot + 512 + 16 * lane, data + 512 + 16 * lane);
-        if (lane == 4) cp_async8(slot + kDataBytes, blk + scale_offset(p.block_size, in_blk));
-      }
-    }
-    cp_commit();  // one group per entry slot, empty or not, so the wait count stays fixed
-  };
-
-#pragma unroll
-  for (int k = 0; k < kStages; ++k) issue(k);
-  for (int64_t j = 0; j < count; ++j) {
-    if ((j >> 5) != batch) {  // entering the next batch of 32: shift the lookups
-      batch = j >> 5;
-      packed_cur = packed_nxt;
-      packed_nxt = resolve_entry(p, bt_row, start, gather_len, warp + ((batch + 1) * 32 + lane) * nwarps);
-    }
-    const int64_t ep = packed_of(j);
-    cp_wait<kStages - 1>();
-    __syncwarp();
-    if (ep >= 0) {
-      const uint8_t* slot = ring + (j % kStages) * kSlotBytes;
-      EntryLoads e;
-      e.a = *reinterpret_cast<const uint2*>(slot + 8 * lane);
-      if (lane < 24) {
-        const uint2 t = *reinterpret_cast<const uint2*>(slot + 256 + 8 * lane);
-        e.b = make_uint4(t.x, t.y, 0u, 0u);
-      } else {
-        e.b = *reinterpret_cast<const uint4*>(slot + kRopeOffset + 16 * (lane - 24));
-      }
-      e.scales = *reinterpret_cast<const uint2*>(slot + kDataBytes);
-      store_entry<kStreaming>(out_req + (p.offset + warp + j * nwarps) * p.out_stride1, e, lane);
-    }
-    __syncwarp();  // every lane has read the slot before it is refilled
-    issue(j + kStages);
-  }
-  cp_wait<0>();
-}
-
-template <int kStages, bool kStreaming>
-void launch_async(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
-  const int64_t rows = p.out_rows - p.offset;
-  if (rows <= 0) return;
-  constexpr int smem = kWarpsPerBlock * kStages * kSlotBytes;
-  auto kernel = gather_k_async_kernel<kStages, kStreaming>;
-  static int per_sm = [&] {
-    int n = 0;
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess || n <= 0) n = 2;
-    return n;
+// $DEEPINFER_GATHER_PREFETCH = 0 | 1 (default 0 while measured): L2 prefetch of a batch.
+bool gather_prefetch() {
+  static bool on = [] {
+    const char* e = std::getenv("DEEPINFER_GATHER_PREFETCH");
+    return e != nullptr && std::strcmp(e, "1") == 0;
   }();
-  // the opt-in shared memory of an emulated smaller part (e.g. SM86's 99 KB per SM) bounds
-  // the blocks that fit per SM as well
-  const int fit = std::max(1, lim.max_dynamic_smem / smem);
-  const int64_t total = static_cast<int64_t>(lim.sm_count) * std::min(per_sm, fit);
-  int64_t x = total / p.num_reqs;
-  const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (x > needed) x = needed;
-  if (x < 1) x = 1;
-  dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  return on;
 }
 
 template <int kInFlight, bool kStreaming>
@@ -345,7 +232,7 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p, gather_prefetch());
 }
 
 // Tuning knobs for benchmarks, read once per process:
@@ -354,11 +241,6 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 //   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size.
 int gather_variant() {
   static int v = [] {
-    const char* a = std::getenv("DEEPINFER_GATHER_ASYNC");  // ring stages: 4 | 8 | 16
-    if (a != nullptr) {
-      const int st = std::atoi(a);
-      if (st == 4 || st == 8 || st == 16) return 100 + st;
-    }
     const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
     const char* st = std::getenv("DEEPINFER_GATHER_STORE");
     const int want = e != nullptr ? std::atoi(e) : 4;
@@ -377,9 +259,6 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 2: launch<2, false>(p, lim, stream); break;
     case 3: launch<2, true>(p, lim, stream); break;
     case 5: launch<4, true>(p, lim, stream); break;
-    case 104: launch_async<4, false>(p, lim, stream); break;
-    case 108: launch_async<8, false>(p, lim, stream); break;
-    case 116: launch_async<16, false>(p, lim, stream); break;
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default: launch<4, false>(p, lim, stream); break;

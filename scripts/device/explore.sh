@@ -33,10 +33,11 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     tests/gpu/test_index_kernels.py > "$OUT/tests.log" 2>&1 || rc=1
   tail -3 "$OUT/tests.log"; echo "=== tests rc=$rc ($((SECONDS - t0)) s)"
   t0=$SECONDS
-  for st in ${ASYNC_TESTS:-4 8 16}; do  # the asynchronous gather variants must be exact too
-    DEEPINFER_GATHER_ASYNC=$st timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
-      > "$OUT/tests-gather-async$st.log" 2>&1 || rc=1
-    echo "async gather $st: $(tail -1 "$OUT/tests-gather-async$st.log")"
+  for v in ${GATHER_TESTS:-PREFETCH=1 INFLIGHT=2,PREFETCH=1 INFLIGHT=8,PREFETCH=1}; do  # variants must be exact too
+    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
+    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
+      > "$OUT/tests-gather-$v.log" 2>&1 || rc=1
+    echo "gather $v: $(tail -1 "$OUT/tests-gather-$v.log")"
   done
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
@@ -49,15 +50,20 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
       --smem-cap 166912 --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
+  # batch 1, 64 heads, with 16-head groups and no narrowing (99 KB cap) for comparison
+  DEEPINFER_ATTN_NARROW=0 timeout 120 $PY bench/explore_attention.py --tag h16-no-narrow --b1-only \
+    --smem-cap 101376 > "$OUT/explore_attention_h16.log" 2>&1 || rc=1
+  grep '"heads": 64' "$OUT/explore_attention_h16.log" | grep -v kernels | cut -c1-200
   echo "=== attention sweep ($((SECONDS - t0)) s)"
   t0=$SECONDS
   DEEPINFER_BENCH_COMMAND="bash scripts/device/explore.sh : bench/bench_cache.py --no-doc" \
     timeout 240 $PY bench/bench_cache.py --no-doc > "$OUT/bench-cache.log" 2>&1 || rc=1
   grep -E "us |FAIL" "$OUT/bench-cache.log" | head -40
-  for st in ${GATHER_SWEEP:-4 8 16}; do
-    DEEPINFER_GATHER_ASYNC=$st timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-async$st.log" 2>&1
-    echo "--- async gather, $st stages"
-    grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-async$st.log"
+  for v in ${GATHER_SWEEP:-PREFETCH=1 INFLIGHT=2,PREFETCH=1 INFLIGHT=8,PREFETCH=1 PREFETCH=1,STORE=cs}; do
+    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
+    env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-$v.log" 2>&1
+    echo "--- gather $v"
+    grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-$v.log"
   done
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
@@ -65,11 +71,11 @@ fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
-  for st in 0 ${PROFILE_ASYNC:-8}; do
-    env $([ "$st" = 0 ] || echo DEEPINFER_GATHER_ASYNC=$st) timeout 150 ncu --clock-control none \
+  for st in ${PROFILE_PREFETCH:-1}; do
+    env DEEPINFER_GATHER_PREFETCH=$st timeout 150 ncu --clock-control none \
       --kernel-name-base demangled -k "regex:gather_k|bitwise_not" --launch-count 4 --metrics $M \
       $PY bench/profile_gather.py > "$OUT/ncu_gather_$st.txt" 2>&1
-    echo "--- ncu, async stages $st (0 = register kernel)"
+    echo "--- ncu, gather prefetch=$st"
     grep -E "^  [a-z].*\(|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather_$st.txt" | cut -c1-110 | head -30
   done
   echo "=== profile ($((SECONDS - t0)) s)"
