@@ -248,12 +248,19 @@ def main() -> None:
     ap.add_argument("--sm-count", type=int, default=0, help="SM count for the split choice (0 = device)")
     ap.add_argument("--smem-cap", type=int, default=0, help="shared-memory cap per block (0 = device)")
     ap.add_argument("--only", choices=["decode", "prefill"], default=None)
+    ap.add_argument("--section", default="attention",
+                    help="docs/benchmarks.md section / results file prefix (attention_sm86 for "
+                         "the 99 KB-cap run)")
     args = ap.parse_args()
     common.require_cuda()
     ops, ref = load_ours()
     xpu, xpu_src = load_xpu_triton()
+    title = "Sparse MLA attention (decode FP8 cache, prefill bf16 workspace)"
+    if args.smem_cap or args.sm_count:
+        title += (f", shared-memory cap {args.smem_cap or 'device'} B, grid for "
+                  f"{args.sm_count or 'the device'} SMs")
     report = common.Report(
-        name="attention", title="Sparse MLA attention (decode FP8 cache, prefill bf16 workspace)",
+        name=args.section, title=title,
         columns=["kind", "heads", "requests", "rows", "config", "ours_us", "spread_us", "gbps",
                  "pct_copy", "tflops", "xpu_triton_us", "xpu_tflops", "torch_us",
                  "speedup_torch", "speedup_best_portable"])

@@ -60,9 +60,11 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
 }
 
 // Decode: start from the widest configuration that fits and narrow the head group while
-// the grid, even with the most useful splits (one tile each), would leave SMs idle: a
-// batch-1 step with 64 heads runs 8 groups of 8 heads x 20 splits (160 blocks) instead of
-// 20 blocks that each do 8x the work per tile; the groups re-read the same keys from L2.
+// the grid, even with the most useful splits (one tile each), would leave more than half
+// of the SMs idle: a batch-1 step with 64 heads runs 4 groups of 16 heads x 20 splits
+// instead of 20 blocks that each do 4x the work per tile; the groups re-read the same keys
+// from L2. Measured on the H200 (batch 1, 64 heads, 640 keys): 64-head blocks 14.4 us,
+// 8-head groups 11.5 us, 16-head groups 10.5 us (docs/attention.md).
 // $DEEPINFER_ATTN_NARROW=0 turns this off (for measurements).
 TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
                                   int smem_cap) {
@@ -77,7 +79,7 @@ TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacit
     const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
     const int64_t useful_splits =
         std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
-    if (tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
+    if (2 * tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
     id = static_cast<TileConfigId>(static_cast<int>(id) + 1);  // next narrower (kH64 -> kH32 -> ...)
   }
   return id;

@@ -115,13 +115,9 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming>(out_row + 256 + 8 * lane, hi);
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 template <int kInFlight, bool kStreaming>
 __global__ void __launch_bounds__(kThreads)
-gather_k_kernel(const GatherKParams p, const bool prefetch_enabled) {
+gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y;
@@ -153,23 +149,6 @@ gather_k_kernel(const GatherKParams p, const bool prefetch_enabled) {
     }
     const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
-    if (prefetch_enabled) {
-      // Ask L2 for the data lines of all n entries of the batch now (5 x 128-byte lines
-      // cover an entry's 576 bytes at any 64-byte alignment): no registers held, so far
-      // more bytes are in flight than the loads below can keep (their registers bound
-      // them); those loads then hit L2 lines that are arriving or present.
-#pragma unroll
-      for (int it = 0; it < 5; ++it) {
-        const int q = it * 32 + lane;
-        const int e = q / 5;
-        const int64_t epq = __shfl_sync(0xFFFFFFFFu, packed, e & 31);
-        if (e < n && epq >= 0) {
-          const uint8_t* blk = kv_record::block_base(p.cache, epq >> 16, p.block_stride);
-          prefetch_l2(blk + kv_record::data_offset(static_cast<int>(epq & 0xFFFF)) + (q - 5 * e) * 128);
-        }
-      }
-    }
-
     for (int k = 0; k < n; k += kInFlight) {
       int64_t ep[kInFlight];
       bool has[kInFlight];
@@ -191,15 +170,6 @@ gather_k_kernel(const GatherKParams p, const bool prefetch_enabled) {
       }
     }
   }
-}
-
-// $DEEPINFER_GATHER_PREFETCH = 0 | 1 (default 0 while measured): L2 prefetch of a batch.
-bool gather_prefetch() {
-  static bool on = [] {
-    const char* e = std::getenv("DEEPINFER_GATHER_PREFETCH");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
 }
 
 template <int kInFlight, bool kStreaming>
@@ -232,7 +202,7 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p, gather_prefetch());
+  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:

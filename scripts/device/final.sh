@@ -2,11 +2,17 @@
 # Final integration call (lead): from the GPU bundle made out of the applied tree
 # (`make apply && make gpu-bundle`, carried at dist/deepinfer-gpu-bundle.tar.gz):
 # build the WHOLE extension (every csrc/ source, SM80 code from compute_80 PTX as sm_90
-# SASS), run every GPU test (tests/gpu), then the attention benchmark with the current
-# harness (copy ceiling = best of eager copy_, graph copy_, graph elementwise kernel).
+# SASS), run every GPU test (tests/gpu), then the benchmarks of record:
+#   - bench/bench_cache.py (gather / combine, baselines in the same run)      -> bench_cache
+#   - bench/bench_attention.py at the SM80 cap (163 KB), grid for the device  -> attention
+#   - bench/bench_attention.py --quick at the SM86 cap (99 KB), grid for 84 SMs -> attention_sm86
+# Back under $OUT: docs/benchmarks.md of the bundle (sections rewritten by the runs), the
+# results JSON, and final-logs.tgz (every log).
 #   bash scripts/device/final.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+RES=${OUT:-/tmp/out}; mkdir -p "$RES"
+OUT=/tmp/final-logs; rm -rf "$OUT"; mkdir -p "$OUT"
+trap 'tar czf "$RES/final-logs.tgz" -C /tmp final-logs' EXIT
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
 [ -f "$BUNDLE" ] || { echo "no $BUNDLE"; exit 2; }
@@ -24,10 +30,21 @@ t0=$SECONDS
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
 t0=$SECONDS
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_cache.py" \
+  .venv/bin/python bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
+grep -E "^\| (dequant|combine)|FAIL" "$OUT/bench-cache.log" | head -40
+echo "=== cache bench ($((SECONDS - t0)) s)"
+t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --smem-cap 166912" \
   .venv/bin/python bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
-tail -45 "$OUT/bench-attention.log"
+grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention.log" | head -30
 echo "=== attention bench ($((SECONDS - t0)) s)"
-cp docs/benchmarks.md "$OUT/benchmarks.md" 2>/dev/null
-find bench/results -name 'attention*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
+t0=$SECONDS
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86" \
+  .venv/bin/python bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86 \
+  > "$OUT/bench-attention-sm86.log" 2>&1 || rc=1
+grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention-sm86.log" | head -20
+echo "=== attention bench, SM86 cap ($((SECONDS - t0)) s)"
+cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
+find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
 echo "final.sh rc=$rc"; exit $rc

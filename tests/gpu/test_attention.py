@@ -251,14 +251,15 @@ def test_plan_configs():
 
 
 def test_plan_narrows_head_groups_for_small_decode():
-    """A decode grid that would leave SMs idle even with one tile per split uses narrower
-    head groups (batch 1, 64 heads: 8 groups of 8 x 20 splits on 108 SMs); a full batch
-    keeps the widest configuration; prefill is never narrowed."""
+    """A decode grid that would leave more than half of the SMs idle even with one tile per
+    split uses narrower head groups (batch 1, 64 heads: 4 groups of 16 x 20 splits on 108
+    SMs); a batch that fills half the SMs keeps the widest configuration; prefill is never
+    narrowed."""
     if os.environ.get("DEEPINFER_ATTN_NARROW") == "0":
         pytest.skip("narrowing switched off by DEEPINFER_ATTN_NARROW=0")
     b1 = ops.sparse_mla_plan(1, 64, 640, True, 108, CAPS["sm80"])
-    assert b1["heads_per_block"] == 8 and b1["splits"] == 20
+    assert b1["heads_per_block"] == 16 and b1["splits"] == 20
     b4 = ops.sparse_mla_plan(4, 64, 640, True, 108, CAPS["sm80"])
-    assert b4["heads_per_block"] == 32  # 4 tokens x 2 groups x 20 splits = 160 >= 108
+    assert b4["heads_per_block"] == 64  # 4 tokens x 20 splits = 80 >= 108 / 2
     assert ops.sparse_mla_plan(128, 64, 640, True, 108, CAPS["sm80"])["heads_per_block"] == 64
     assert ops.sparse_mla_plan(1, 64, 640, False, 108, CAPS["sm80"])["heads_per_block"] == 64
