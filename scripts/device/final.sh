@@ -8,8 +8,10 @@
 #   - bench/bench_attention.py --quick at the SM86 cap (99 KB), grid for 84 SMs -> attention_sm86
 # Back under $OUT: docs/benchmarks.md of the bundle (sections rewritten by the runs), the
 # results JSON, and final-logs.tgz (every log).
-#   bash scripts/device/final.sh
+#   bash scripts/device/final.sh [all|cache]   (cache: tests of the cache/index kernels and
+#                                               bench_cache only, after a change to them)
 set -uo pipefail
+MODE=${1:-all}
 RES=${OUT:-/tmp/out}; mkdir -p "$RES"
 OUT=/tmp/final-logs; rm -rf "$OUT"; mkdir -p "$OUT"
 trap 'tar czf "$RES/final-logs.tgz" -C /tmp final-logs' EXIT
@@ -26,14 +28,21 @@ t0=$SECONDS
   --only-extra --target overlay -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "=== build ok ($((SECONDS - t0)) s)"
 t0=$SECONDS
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/gpu > "$OUT/gpu-tests.log" 2>&1 || rc=1
+TESTS=(tests/gpu)
+[ "$MODE" = cache ] && TESTS=(tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py tests/gpu/test_kernels_vs_upstream.py)
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
 t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_cache.py" \
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_cache.py" \
   .venv/bin/python bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
 grep -E "^\| (dequant|combine)|FAIL" "$OUT/bench-cache.log" | head -40
 echo "=== cache bench ($((SECONDS - t0)) s)"
+if [ "$MODE" = cache ]; then
+  cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
+  find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+  echo "final.sh cache rc=$rc"; exit $rc
+fi
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --smem-cap 166912" \
   .venv/bin/python bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
