@@ -63,20 +63,13 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
       }
     }
 
-    // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0. Up to 32
-    // requests: one load per lane and a ballot (one memory round trip); more: binary search.
-    int b;
-    if (p.num_reqs <= 32) {
-      const bool le = lane < p.num_reqs && p.query_start_loc[lane] - q0 <= t;
-      b = max(__popc(__ballot_sync(0xFFFFFFFFu, le)) - 1, 0);  // qsl is non-decreasing
-    } else {
-      int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
-      }
-      b = lo;
+    // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
+    int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
     }
+    const int b = lo;
     RowPlan plan{0, 0, 0, 0};
     if (p.num_reqs > 0) {
       const int qs = p.query_start_loc[b] - q0;
