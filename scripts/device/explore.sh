@@ -40,6 +40,17 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     echo "gather $v: $(tail -1 "$OUT/tests-gather-$v.log")"
   done
 fi
+if [ "$MODE" = attention ]; then  # one attention A/B: ATTN_SWEEP variants, tests for each
+  for v in ${ATTN_SWEEP:-default}; do
+    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
+    env ${envs//,/ } timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
+      > "$OUT/tests-attention-$name.log" 2>&1 || rc=1
+    echo "attention tests ($name): $(tail -1 "$OUT/tests-attention-$name.log")"
+    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" --smem-cap 166912 \
+      --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
+    grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
+  done
+fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   # variants: name=ENV settings (comma-separated); the first also sweeps batch-1 splits
