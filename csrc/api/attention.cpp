@@ -301,12 +301,6 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   p.lse = check_stat(lse, T, H, "lse", p.lse_stride_tok, p.lse_stride_head);
   p.max_logits = check_stat(max_logits, T, H, "max_logits", p.ml_stride_tok, p.ml_stride_head);
   if (T == 0 || H == 0) return;
-  // $DEEPINFER_ATTN_L2HINT=1: L2 cache policies in the prefill kernel (being measured)
-  static const bool l2_hints = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_L2HINT");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  p.l2_hints = l2_hints ? 1 : 0;
   const TileConfigId id = choose_config(H, false, device_smem_cap(smem_cap));
   C10_CUDA_CHECK(launch_prefill(p, id, c10::cuda::getCurrentCUDAStream()));
 }

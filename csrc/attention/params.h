@@ -45,9 +45,6 @@ struct SparseMlaParams {
   int64_t ml_stride_tok = 0, ml_stride_head = 0;
   // Split of each token's key list over several blocks (decode). num_splits == 1: the
   // main kernel writes out/lse itself; else it writes partials that combine merges.
-  // Prefill: L2 cache policies (Q read once -> evict_first, workspace rows -> evict_last,
-  // output -> streaming stores). Decode ignores it.
-  int l2_hints = 0;
   int num_splits = 1;
   int keys_per_split = 0;          // multiple of the tile's key count
   float* part_o = nullptr;         // [T, splits, 512, H] unnormalised sum p*v

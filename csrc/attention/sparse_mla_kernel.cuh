@@ -70,14 +70,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   }
   const int num_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
-  // L2 policies for the prefill path (p.l2_hints): Q evict_first, workspace rows evict_last
-  const bool hints = !kFp8 && p.l2_hints != 0;
-  uint64_t pol_q = 0, pol_kv = 0;
-  if (hints) {
-    pol_q = ptx::policy_evict_first();
-    pol_kv = ptx::policy_evict_last();
-  }
-
   // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
   {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
@@ -85,8 +77,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       const int r = i >> 6, c = i & 63, h = head0 + r;
       const bool ok = h < p.num_heads;
       const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
-      if (hints) ptx::cp_async_16_hint(s_base + L::q + swz(r, c), src, ok ? 16 : 0, pol_q);
-      else ptx::cp_async_16(s_base + L::q + swz(r, c), src, ok ? 16 : 0);
+      ptx::cp_async_16(s_base + L::q + swz(r, c), src, ok ? 16 : 0);
     }
   }
 
@@ -124,8 +115,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       if constexpr (!kFp8) {
         const bool ok = idx >= 0 && idx < ks.num_rows;
         const uint8_t* src = ok ? ks.base + static_cast<int64_t>(idx) * ks.row_stride + c * 16 : p.src[0].base;
-        if (hints) ptx::cp_async_16_hint(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0, pol_kv);
-        else ptx::cp_async_16(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0);
+        ptx::cp_async_16(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0);
         if (c == 0) s_valid[st * BK + r] = ok;
       } else {
         const bool ok = idx >= 0;
@@ -411,11 +401,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
     for (int i = tid; i < HG * 64; i += NT) {
       const int r = i >> 6, c = i & 63, h = head0 + r;
-      if (h < p.num_heads) {
-        const uint4 v = *reinterpret_cast<const uint4*>(stage + swz(r, c));
-        if (hints) ptx::st_global_cs_16(out + h * p.out_stride_head + c * 8, v);
-        else *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) = v;
-      }
+      if (h < p.num_heads)
+        *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + swz(r, c));
     }
     if (tid < HG && head0 + tid < p.num_heads) {
       const int h = head0 + tid;
