@@ -79,6 +79,13 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
 fi
+if [ "$MODE" = profile-full ]; then  # every memory / scheduler section for gather and copy
+  timeout 300 ncu --clock-control none --kernel-name-base demangled -k "regex:gather_k|bitwise_not" \
+    --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats $PY bench/profile_gather.py > "$OUT/ncu_gather_full.txt" 2>&1
+  grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_gather_full.txt" | grep -v "^    -" | cut -c1-120 | head -150
+fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
