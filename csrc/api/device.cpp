@@ -30,7 +30,7 @@ at::Tensor fp8_codec_test(const at::Tensor& input, const std::optional<at::Tenso
   } else if (mode == 2) {
     api::check_dtype(input, "input", at::kByte);
     out = at::empty(input.sizes(), input.options().dtype(at::kFloat));
-  } else if (mode == 3) {
+  } else if (mode == 3 || mode == 4) {
     api::check_dtype(input, "input", at::kByte);
     TORCH_CHECK(input.numel() % 4 == 0, "mode 3 needs a multiple of 4 codes");
     TORCH_CHECK(scales.has_value() && scales->is_cuda() && scales->is_contiguous() &&

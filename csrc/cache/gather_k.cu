@@ -32,10 +32,27 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
+// Decode route for scale bytes 10..134 (csrc/common/fp8_e4m3.cuh): bf16 multiply (fewer
+// instructions) or the fp16/fp32 route; both exact, same bits.
+#ifndef DEEPINFER_GATHER_BF16MUL
+#define DEEPINFER_GATHER_BF16MUL 1
+#endif
+constexpr bool kBf16MulDecode = DEEPINFER_GATHER_BF16MUL != 0;
+
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
   uint4 r;
-  if (e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y)) {
+  const bool no_nan = !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y);
+  if (kBf16MulDecode && e4m3_bf16mul_scale_ok(s) && no_nan) {
+    const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
+    __nv_bfloat162 a, b, c, d;
+    e4m3x4_to_bf16x4_bf16mul(codes.x, mult, a, b);
+    e4m3x4_to_bf16x4_bf16mul(codes.y, mult, c, d);
+    r.x = *reinterpret_cast<uint32_t*>(&a);
+    r.y = *reinterpret_cast<uint32_t*>(&b);
+    r.z = *reinterpret_cast<uint32_t*>(&c);
+    r.w = *reinterpret_cast<uint32_t*>(&d);
+  } else if (e4m3_fast_scale_ok(s) && no_nan) {
     const float mult = e4m3_fast_multiplier(s);
     __nv_bfloat162 a, b, c, d;
     e4m3x4_to_bf16x4_scaled(codes.x, mult, a, b);

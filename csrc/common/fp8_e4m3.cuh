@@ -148,4 +148,38 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t four_bytes, flo
   hi = e4m3x2_in_halves_to_bf16x2(__byte_perm(four_bytes, 0u, 0x3424u), mult);
 }
 
+// Bf16-arithmetic decode, for UE8M0 bytes 10 <= s <= 134 and non-NaN codes. A code's bits
+// placed in the bf16 layout (sign to bit 15, the 7 magnitude bits to bits 4..10) are the
+// code's value times 2^-120, e4m3 subnormals becoming bf16 subnormals; one bf16x2 multiply
+// by 2^(s - 7) (a normal bf16 for s <= 134) applies the rebias and the scale. Every product
+// value * 2^(s-127) has at most 4 significant bits and, for s >= 10, is a normal bf16 (the
+// smallest, 2^-9 * 2^(s-127), is >= 2^-126), so the multiply is exact: the same bits as
+// "fp32 decode * 2^(s-127), RNE to bf16", zeros keeping their sign (x * 2^k for x = -0 is
+// -0). Half the instructions of the fp16/fp32 route above.
+__device__ __forceinline__ bool e4m3_bf16mul_scale_ok(uint32_t s) { return s - 10u <= 124u; }
+
+__device__ __forceinline__ __nv_bfloat162 e4m3_bf16mul_multiplier(uint32_t s) {
+  const uint32_t b = (s + 120u) << 7;  // bf16 bits of 2^(s - 7): exponent field s - 7 + 127
+  const uint32_t bb = b | (b << 16);
+  __nv_bfloat162 m;
+  memcpy(&m, &bb, 4);
+  return m;
+}
+
+__device__ __forceinline__ __nv_bfloat162 e4m3x2_lowbytes_to_bf16x2_bf16mul(uint32_t h,
+                                                                          __nv_bfloat162 mult) {
+  // `h` holds one code in the low byte of each 16-bit half
+  const uint32_t bits = ((h << 8) & 0x80008000u) | ((h << 4) & 0x07F007F0u);
+  __nv_bfloat162 v;
+  memcpy(&v, &bits, 4);
+  return __hmul2(v, mult);
+}
+
+__device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul(uint32_t four_bytes, __nv_bfloat162 mult,
+                                                         __nv_bfloat162& lo, __nv_bfloat162& hi) {
+  // prmt: halves {c0, c1} and {c2, c3} in their low bytes (selector nibble 4 = a zero byte)
+  lo = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4140u), mult);
+  hi = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4342u), mult);
+}
+
 }  // namespace deepinfer_sm80

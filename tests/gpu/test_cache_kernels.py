@@ -90,6 +90,16 @@ def test_device_packed_decode_all_codes_all_scales(ext):
     assert _bits_equal_nan(got, want)
 
 
+def test_device_bf16mul_decode_all_codes_all_scales(ext):
+    # every (code, scale byte) pair through the gather's bf16-multiply decode (scale bytes
+    # 10..134 without NaN codes) or the scalar route: bit-identical to fp32 decode * scale
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256)
+    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat_interleave(64)
+    got = ext._fp8_codec_test(codes.to(DEV), scales.to(DEV), 4).cpu()
+    want = (F.e4m3_to_float(codes) * F.ue8m0_to_float(scales).repeat_interleave(4)).bfloat16()
+    assert _bits_equal_nan(got, want)
+
+
 def test_native_exhaustive_encode_vs_hardware_cvt():
     """All 2^32 float patterns: our encoder vs cvt.rn.satfinite.e4m3x2.f32 (sm_89+)."""
     from deepinfer.build import find_nvcc
