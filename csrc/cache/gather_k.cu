@@ -11,10 +11,12 @@
 // of kInFlight entries (default 4) before any store. The grid is (blocks per request, requests), sized
 // from the SM count and the kernel's occupancy so that the whole GPU is covered once.
 //
-// Decode: e4m3 -> bf16 with the UE8M0 scale folded into one fp32 multiply
-// (common/fp8_e4m3.cuh, e4m3x4_to_bf16x4_scaled), identical to "fp32 decode * 2^(s-127),
-// RNE to bf16" (upstream's Triton kernel); groups with s outside [1, 246] and 8-byte
-// chunks holding a NaN code take the scalar path, which computes exactly that.
+// Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
+// 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
+// (e4m3x4_to_bf16x4_bf16mul); other bytes in [1, 246], fp16 -> fp32 and one fp32 multiply
+// (e4m3x4_to_bf16x4_scaled); chunks holding a NaN code and the remaining scale bytes, the
+// scalar path. All three give the bits of "fp32 decode * 2^(s-127), RNE to bf16"
+// (upstream's Triton kernel).
 #include <cuda_runtime.h>
 
 #include <cstdlib>

@@ -11,6 +11,7 @@
 //                                 (= cvt.rn.satfinite.e4m3x2.f32 on SM89+).
 //   e4m3x4_to_bf16x4_scaled(...)  fast decode of four codes straight to bf16 with a UE8M0
 //                                 block scale folded in (see its comment for the exact range).
+//   e4m3x4_to_bf16x4_bf16mul(...) the same with one bf16x2 multiply, for scale bytes 10..134.
 //
 // Needs only the CUDA headers (no torch); kernels of every family include it.
 #pragma once
