@@ -22,30 +22,16 @@ __global__ void fp8_codec_test_kernel(int mode, const void* in, const uint8_t* s
           __nv_cvt_float_to_fp8(static_cast<const float*>(in)[i], __NV_SATFINITE, __NV_E4M3));
     } else if (mode == 2) {
       static_cast<float*>(out)[i] = e4m3_to_float(static_cast<const uint8_t*>(in)[i]);
-    } else if (mode == 4 && (i & 3) == 0 && i + 3 < n) {
-      // Four codes sharing scales[i / 4], through the bf16-multiply decode where it applies
-      // (10 <= s <= 134, no NaN code), else the scalar route.
+    } else if ((mode == 3 || mode == 4) && (i & 3) == 0 && i + 3 < n) {
+      // Four codes sharing scale scales[i / 4], through the gather kernel's decode choice:
+      // mode 3 the fp16/fp32 route (s in [1, 246]), mode 4 the bf16-multiply route
+      // (s in [10, 134]); NaN codes and other scale bytes take the scalar route.
       const uint32_t four = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(in) + i);
       const uint32_t s = scales[i / 4];
       __nv_bfloat162 lo, hi;
-      if (e4m3_bf16mul_scale_ok(s) && !e4m3x4_has_nan(four)) {
+      if (mode == 4 && e4m3_bf16mul_scale_ok(s) && !e4m3x4_has_nan(four)) {
         e4m3x4_to_bf16x4_bf16mul(four, e4m3_bf16mul_multiplier(s), lo, hi);
-      } else {
-        const float sc = ue8m0_to_float(s);
-        lo = __floats2bfloat162_rn(e4m3_to_float(four & 0xFF) * sc,
-                                   e4m3_to_float((four >> 8) & 0xFF) * sc);
-        hi = __floats2bfloat162_rn(e4m3_to_float((four >> 16) & 0xFF) * sc,
-                                   e4m3_to_float(four >> 24) * sc);
-      }
-      __nv_bfloat162* o = static_cast<__nv_bfloat162*>(out) + i / 2;
-      o[0] = lo;
-      o[1] = hi;
-    } else if (mode == 3 && (i & 3) == 0 && i + 3 < n) {
-      // Four codes sharing scale scales[i / 4], through the gather kernel's decode choice.
-      const uint32_t four = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(in) + i);
-      const uint32_t s = scales[i / 4];
-      __nv_bfloat162 lo, hi;
-      if (e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(four)) {
+      } else if (mode == 3 && e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(four)) {
         e4m3x4_to_bf16x4_scaled(four, e4m3_fast_multiplier(s), lo, hi);
       } else {
         const float sc = ue8m0_to_float(s);

@@ -41,43 +41,39 @@ constexpr int kThreads = kWarpsPerBlock * 32;
 #endif
 constexpr bool kBf16MulDecode = DEEPINFER_GATHER_BF16MUL != 0;
 
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight codes through a four-code route `dec(word, lo, hi)` -> one uint4 of bf16.
+template <class Decode4>
+__device__ __forceinline__ uint4 decode8_with(uint2 codes, Decode4 dec) {
+  __nv_bfloat162 a, b, c, d;
+  dec(codes.x, a, b);
+  dec(codes.y, c, d);
+  return make_uint4(bf16x2_bits(a), bf16x2_bits(b), bf16x2_bits(c), bf16x2_bits(d));
+}
+
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
-  uint4 r;
   const bool no_nan = !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y);
   if (kBf16MulDecode && e4m3_bf16mul_scale_ok(s) && no_nan) {
     const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
-    __nv_bfloat162 a, b, c, d;
-    e4m3x4_to_bf16x4_bf16mul(codes.x, mult, a, b);
-    e4m3x4_to_bf16x4_bf16mul(codes.y, mult, c, d);
-    r.x = *reinterpret_cast<uint32_t*>(&a);
-    r.y = *reinterpret_cast<uint32_t*>(&b);
-    r.z = *reinterpret_cast<uint32_t*>(&c);
-    r.w = *reinterpret_cast<uint32_t*>(&d);
-  } else if (e4m3_fast_scale_ok(s) && no_nan) {
-    const float mult = e4m3_fast_multiplier(s);
-    __nv_bfloat162 a, b, c, d;
-    e4m3x4_to_bf16x4_scaled(codes.x, mult, a, b);
-    e4m3x4_to_bf16x4_scaled(codes.y, mult, c, d);
-    r.x = *reinterpret_cast<uint32_t*>(&a);
-    r.y = *reinterpret_cast<uint32_t*>(&b);
-    r.z = *reinterpret_cast<uint32_t*>(&c);
-    r.w = *reinterpret_cast<uint32_t*>(&d);
-  } else {
-    const float scale = ue8m0_to_float(s);
-    uint32_t o[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t word = j < 2 ? codes.x : codes.y;
-      const int sh = (j & 1) * 16;
-      const float f0 = e4m3_to_float((word >> sh) & 0xFFu) * scale;
-      const float f1 = e4m3_to_float((word >> (sh + 8)) & 0xFFu) * scale;
-      __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
-      o[j] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    r = make_uint4(o[0], o[1], o[2], o[3]);
+    return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+      e4m3x4_to_bf16x4_bf16mul(w, mult, lo, hi);
+    });
   }
-  return r;
+  if (e4m3_fast_scale_ok(s) && no_nan) {
+    const float mult = e4m3_fast_multiplier(s);
+    return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+      e4m3x4_to_bf16x4_scaled(w, mult, lo, hi);
+    });
+  }
+  const float scale = ue8m0_to_float(s);
+  return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+    lo = __floats2bfloat162_rn(e4m3_to_float(w & 0xFFu) * scale, e4m3_to_float((w >> 8) & 0xFFu) * scale);
+    hi = __floats2bfloat162_rn(e4m3_to_float((w >> 16) & 0xFFu) * scale, e4m3_to_float(w >> 24) * scale);
+  });
 }
 
 struct EntryLoads {

@@ -9,24 +9,7 @@
 #   bash scripts/device/explore.sh [tests|bench|all]
 set -uo pipefail
 MODE=${1:-all}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-RES=$OUT; OUT=/tmp/explore-logs; rm -rf "$OUT"; mkdir -p "$OUT"  # logs travel back as one archive
-trap 'tar czf "$RES/explore-logs.tgz" -C /tmp explore-logs' EXIT
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
-[ -f "$BUNDLE" ] || { echo "no $BUNDLE"; exit 2; }
-WORK=/tmp/deepinfer-explore; rm -rf "$WORK"; mkdir -p "$WORK"; tar xzf "$BUNDLE" -C "$WORK"
-cd "$WORK/deepinfer-gpu-bundle"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; } 2>&1 | tee "$OUT/env.log"
-t0=$SECONDS
-PYTHON=python3 ./setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
-echo "=== setup ok ($((SECONDS - t0)) s)"
-t0=$SECONDS
-.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
-  --only-extra --target overlay -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "=== build ok ($((SECONDS - t0)) s)"
-PY=.venv/bin/python
-rc=0
+source "$(dirname "$0")/bundle_env.sh" explore
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   timeout 300 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py tests/gpu/test_cache_kernels.py \

@@ -12,30 +12,16 @@
 #                                               bench_cache only, after a change to them)
 set -uo pipefail
 MODE=${1:-all}
-RES=${OUT:-/tmp/out}; mkdir -p "$RES"
-OUT=/tmp/final-logs; rm -rf "$OUT"; mkdir -p "$OUT"
-trap 'tar czf "$RES/final-logs.tgz" -C /tmp final-logs' EXIT
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
-[ -f "$BUNDLE" ] || { echo "no $BUNDLE"; exit 2; }
-WORK=/tmp/deepinfer-final; rm -rf "$WORK"; mkdir -p "$WORK"; tar xzf "$BUNDLE" -C "$WORK"
-cd "$WORK/deepinfer-gpu-bundle"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; cat BUNDLE.json; } 2>&1 | tee "$OUT/env.log"
-PYTHON=python3 ./setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
-rc=0
-t0=$SECONDS
-.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
-  --only-extra --target overlay -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "=== build ok ($((SECONDS - t0)) s)"
+source "$(dirname "$0")/bundle_env.sh" final
 t0=$SECONDS
 TESTS=(tests/gpu)
 [ "$MODE" = cache ] && TESTS=(tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py tests/gpu/test_kernels_vs_upstream.py)
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+$PY -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_cache.py" \
-  .venv/bin/python bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
+  $PY bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
 grep -E "^\| (dequant|combine)|FAIL" "$OUT/bench-cache.log" | head -40
 echo "=== cache bench ($((SECONDS - t0)) s)"
 if [ "$MODE" = cache ]; then
@@ -45,12 +31,12 @@ if [ "$MODE" = cache ]; then
 fi
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --smem-cap 166912" \
-  .venv/bin/python bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
+  $PY bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
 grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention.log" | head -30
 echo "=== attention bench ($((SECONDS - t0)) s)"
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86" \
-  .venv/bin/python bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86 \
+  $PY bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86 \
   > "$OUT/bench-attention-sm86.log" 2>&1 || rc=1
 grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention-sm86.log" | head -20
 echo "=== attention bench, SM86 cap ($((SECONDS - t0)) s)"

@@ -80,22 +80,13 @@ def test_device_e4m3_decode_all_codes(ext):
     assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
 
 
-def test_device_packed_decode_all_codes_all_scales(ext):
-    # every (code, scale byte) pair: fast path for s in [1, 246] without NaN codes,
-    # scalar fallback for s = 0, s >= 247 and chunks with NaN codes
+@pytest.mark.parametrize("mode", [3, 4], ids=["fp32-route", "bf16-multiply-route"])
+def test_device_packed_decode_all_codes_all_scales(ext, mode):
+    # every (code, scale byte) pair through one of the gather's packed decode routes (mode 3:
+    # s in [1, 246], mode 4: s in [10, 134], both without NaN codes) or the scalar fallback
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256)
     scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat_interleave(64)
-    got = ext._fp8_codec_test(codes.to(DEV), scales.to(DEV), 3).cpu()
-    want = (F.e4m3_to_float(codes) * F.ue8m0_to_float(scales).repeat_interleave(4)).bfloat16()
-    assert _bits_equal_nan(got, want)
-
-
-def test_device_bf16mul_decode_all_codes_all_scales(ext):
-    # every (code, scale byte) pair through the gather's bf16-multiply decode (scale bytes
-    # 10..134 without NaN codes) or the scalar route: bit-identical to fp32 decode * scale
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256)
-    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat_interleave(64)
-    got = ext._fp8_codec_test(codes.to(DEV), scales.to(DEV), 4).cpu()
+    got = ext._fp8_codec_test(codes.to(DEV), scales.to(DEV), mode).cpu()
     want = (F.e4m3_to_float(codes) * F.ue8m0_to_float(scales).repeat_interleave(4)).bfloat16()
     assert _bits_equal_nan(got, want)
 

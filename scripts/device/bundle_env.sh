@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Shared prologue of the device scripts (final.sh, explore.sh), sourced, not run:
+#   source scripts/device/bundle_env.sh NAME
+# Logs go to /tmp/NAME-logs and travel back as $OUT/NAME-logs.tgz (the device returns at
+# most 8 files); RES is the original $OUT for files that should come back one by one. Then
+# the GPU bundle (dist/deepinfer-gpu-bundle.tar.gz, from `make gpu-bundle`) is unpacked in
+# /tmp/deepinfer-NAME, its setup.sh run, and the whole extension built from compute_80 PTX
+# as sm_90 SASS (nothing newer than SM80 can slip in). Leaves the shell in the bundle with
+# PY=.venv/bin/python and rc=0.
+_name=$1
+RES=${OUT:-/tmp/out}; mkdir -p "$RES"
+OUT=/tmp/$_name-logs; rm -rf "$OUT"; mkdir -p "$OUT"
+trap 'tar czf "$RES/'"$_name"'-logs.tgz" -C /tmp '"$_name"'-logs' EXIT
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
+[ -f "$BUNDLE" ] || { echo "no $BUNDLE: run make gpu-bundle and carry dist"; exit 2; }
+WORK=/tmp/deepinfer-$_name; rm -rf "$WORK"; mkdir -p "$WORK"; tar xzf "$BUNDLE" -C "$WORK"
+cd "$WORK/deepinfer-gpu-bundle" || exit 2
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; cat BUNDLE.json; } 2>&1 | tee "$OUT/env.log"
+t0=$SECONDS
+PYTHON=python3 ./setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+echo "=== setup ok ($((SECONDS - t0)) s)"
+t0=$SECONDS
+.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+  --only-extra --target overlay -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "=== build ok ($((SECONDS - t0)) s)"
+PY=.venv/bin/python
+rc=0
