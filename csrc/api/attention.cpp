@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../attention/params.h"
+#include "../attention/plan.h"
 
 namespace deepinfer_sm80::attention {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 using at::Tensor;
 
 constexpr int64_t kRecordBytes = kDataBytes + kScaleBytes;
-constexpr int64_t kMaxSplits = 64;  // combine keeps the per-split weights in shared memory
+using plan::kMaxSplits;
 
 int device_smem_cap(int64_t forced) {
   int dev = 0, optin = 0;
@@ -41,72 +42,31 @@ int device_sms(int64_t forced) {
   return sms;
 }
 
-LaunchInfo info_of(TileConfigId id, bool fp8) {
-  return fp8 ? decode_launch_info(id) : prefill_launch_info(id);
-}
+LaunchInfo info_of(TileConfigId id, bool fp8) { return plan::info(id, fp8); }
 
-// Widest configuration (most heads per block, up to the head count) that fits the cap.
 TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
-  const TileConfigId order[] = {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16,
-                                TileConfigId::kH8};
-  for (TileConfigId id : order) {
-    const LaunchInfo li = info_of(id, fp8);
-    if (li.heads_per_block > 8 && li.heads_per_block > heads) continue;
-    if (li.smem_bytes <= smem_cap) return id;
-  }
-  TORCH_CHECK(false, "sparse MLA attention: no tile configuration fits in ", smem_cap,
+  TileConfigId id = TileConfigId::kH8;
+  TORCH_CHECK(plan::widest_config(heads, fp8, smem_cap, &id),
+              "sparse MLA attention: no tile configuration fits in ", smem_cap,
               " bytes of shared memory per block (the smallest needs ",
               info_of(TileConfigId::kH8, fp8).smem_bytes, ")");
+  return id;
 }
 
-// Decode: start from the widest configuration that fits and narrow the head group while
-// the grid, even with the most useful splits (one tile each), would leave more than half
-// of the SMs idle: a batch-1 step with 64 heads runs 4 groups of 16 heads x 20 splits
-// instead of 20 blocks that each do 4x the work per tile; the groups re-read the same keys
-// from L2. Measured on the H200 (batch 1, 64 heads, 640 keys): 64-head blocks 14.4 us,
-// 8-head groups 11.5 us, 16-head groups 10.5 us (docs/attention.md).
-// $DEEPINFER_ATTN_NARROW=0 turns this off (for measurements).
+// $DEEPINFER_ATTN_NARROW=0 turns the narrowing of plan::decode_config off (for measurements).
 TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
                                   int smem_cap) {
-  TileConfigId id = choose_config(heads, true, smem_cap);
   static const bool narrow = [] {
     const char* e = std::getenv("DEEPINFER_ATTN_NARROW");
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
-  if (!narrow) return id;
-  while (id != TileConfigId::kH8) {
-    const LaunchInfo li = decode_launch_info(id);
-    const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
-    const int64_t useful_splits =
-        std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
-    if (2 * tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
-    id = static_cast<TileConfigId>(static_cast<int>(id) + 1);  // next narrower (kH64 -> kH32 -> ...)
-  }
-  return id;
+  return plan::decode_config(choose_config(heads, true, smem_cap), tokens, heads, capacity, sms,
+                             narrow);
 }
 
-// Split count for decode: fill the machine without paying for many partials. Cost model in
-// tiles of work: waves * (tiles per block + 2 for Q load / epilogue) + 1 for the combine.
 int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const LaunchInfo& li,
                   int sms, int smem_cap) {
-  if (tokens == 0 || capacity <= li.keys_per_tile) return 1;
-  const int64_t max_splits = std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>((smem_cap + 1024) / (li.smem_bytes + 1024),
-                                                                 2048 / li.threads));
-  const int64_t slots = sms * per_sm;
-  const int64_t base = tokens * groups;
-  double best = 1e30;
-  int best_s = 1;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t waves = (base * s + slots - 1) / slots;
-    const int64_t tiles = (capacity + s * li.keys_per_tile - 1) / (s * li.keys_per_tile);
-    const double cost = static_cast<double>(waves) * (tiles + 2) + (s > 1 ? 1.0 : 0.0);
-    if (cost < best - 1e-9) {
-      best = cost;
-      best_s = static_cast<int>(s);
-    }
-  }
-  return best_s;
+  return plan::decode_splits(tokens, groups, capacity, li, sms, smem_cap);
 }
 
 void check_16b(const Tensor& t, const char* name) {

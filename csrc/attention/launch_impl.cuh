@@ -6,14 +6,10 @@
 
 #include "config_sm80.h"
 #include "config_sm86.h"
+#include "plan.h"
 #include "sparse_mla_kernel.cuh"
 
 namespace deepinfer_sm80::attention {
-
-template <class Cfg, bool kFp8>
-LaunchInfo launch_info_of() {
-  return LaunchInfo{Cfg::HG, Cfg::BK, Cfg::NTHREADS, Cfg::template Layout<kFp8>::total};
-}
 
 template <class Cfg, bool kFp8>
 cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
@@ -31,12 +27,7 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
 
 template <bool kFp8>
 LaunchInfo launch_info_dispatch(TileConfigId id) {
-  switch (id) {
-    case TileConfigId::kH64: return launch_info_of<CfgH64, kFp8>();
-    case TileConfigId::kH32: return launch_info_of<CfgH32, kFp8>();
-    case TileConfigId::kH16: return launch_info_of<CfgH16, kFp8>();
-    default: return launch_info_of<CfgH8, kFp8>();
-  }
+  return plan::info(id, kFp8);
 }
 
 template <bool kFp8>

@@ -1,0 +1,86 @@
+// Host-side checks of the sparse MLA launch planning (csrc/attention/plan.h): the
+// configurations' shared memory, the shared-memory caps of SM80 (163 KB) and SM86 (99 KB),
+// the narrowing of head groups for small decode grids and the split counts.
+// Built with nvcc and run by tests/test_attention_plan.py; prints "OK <checks>" or the
+// failed checks and exits non-zero.
+#include <cstdio>
+
+#include "attention/plan.h"
+
+using namespace deepinfer_sm80::attention;
+
+static int g_checks = 0, g_failed = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    ++g_checks;                                                            \
+    if (!(cond)) {                                                         \
+      ++g_failed;                                                          \
+      std::printf("FAILED line %d: %s\n", __LINE__, #cond);                \
+    }                                                                      \
+  } while (0)
+
+static int heads_of(TileConfigId id) { return plan::info(id, true).heads_per_block; }
+
+static TileConfigId widest(int64_t heads, bool fp8, int cap) {
+  TileConfigId id = TileConfigId::kH8;
+  if (!plan::widest_config(heads, fp8, cap, &id)) return static_cast<TileConfigId>(-1);
+  return id;
+}
+
+int main() {
+  const int sm80 = kSmemCapSm80, sm86 = kSmemCapSm86;
+  // shared memory of each configuration (docs/attention.md table)
+  CHECK(plan::info(TileConfigId::kH64, false).smem_bytes == 146688);
+  CHECK(plan::info(TileConfigId::kH64, true).smem_bytes == 151296);
+  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 106752);
+  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 111360);
+  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 86784);
+  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 91392);
+  CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 76800);
+  CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81408);
+  for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
+    CHECK(plan::info(id, true).threads == 256 && plan::info(id, true).keys_per_tile == 32);
+  }
+  // widest configuration per cap: SM80 runs 64-head tiles, SM86 at most 16
+  CHECK(widest(64, true, sm80) == TileConfigId::kH64);
+  CHECK(widest(128, false, sm80) == TileConfigId::kH64);
+  CHECK(widest(32, true, sm80) == TileConfigId::kH32);
+  CHECK(widest(16, true, sm80) == TileConfigId::kH16);
+  CHECK(widest(8, true, sm80) == TileConfigId::kH8);
+  CHECK(widest(64, true, sm86) == TileConfigId::kH16);
+  CHECK(widest(64, false, sm86) == TileConfigId::kH16);
+  CHECK(widest(8, true, sm86) == TileConfigId::kH8);
+  CHECK(widest(64, true, 64 * 1024) == static_cast<TileConfigId>(-1));  // nothing fits
+  // decode narrowing (640 keys: 20 tiles): batch 1 with 64 heads -> 16-head groups on 108
+  // and 132 SMs; a batch whose 64-head grid fills half the SMs keeps 64-head blocks
+  CHECK(plan::decode_config(TileConfigId::kH64, 1, 64, 640, 108, true) == TileConfigId::kH16);
+  CHECK(plan::decode_config(TileConfigId::kH64, 1, 64, 640, 132, true) == TileConfigId::kH16);
+  CHECK(plan::decode_config(TileConfigId::kH64, 4, 64, 640, 108, true) == TileConfigId::kH64);
+  CHECK(plan::decode_config(TileConfigId::kH64, 128, 64, 640, 108, true) == TileConfigId::kH64);
+  CHECK(plan::decode_config(TileConfigId::kH64, 1, 64, 640, 108, false) == TileConfigId::kH64);
+  CHECK(plan::decode_config(TileConfigId::kH8, 1, 8, 640, 108, true) == TileConfigId::kH8);
+  CHECK(plan::decode_config(TileConfigId::kH16, 1, 64, 640, 84, true) == TileConfigId::kH16);
+  CHECK(heads_of(plan::decode_config(TileConfigId::kH64, 1, 128, 640, 108, true)) == 32);
+  // split counts: one tile per split for a lone token, one split for a full batch
+  const LaunchInfo h16 = plan::info(TileConfigId::kH16, true);
+  const LaunchInfo h64 = plan::info(TileConfigId::kH64, true);
+  const LaunchInfo h8 = plan::info(TileConfigId::kH8, true);
+  CHECK(plan::decode_splits(1, 4, 640, h16, 108, sm80) == 20);
+  CHECK(plan::decode_splits(1, 1, 640, h8, 108, sm80) == 20);
+  CHECK(plan::decode_splits(128, 1, 640, h64, 132, sm80) == 1);  // 128 blocks: one wave
+  // 128 tokens on 108 SMs: 2 waves of 20 tiles (cost 44) lose to 4 splits of 5 tiles in 5
+  // waves (cost 5 x 7 + 1 = 36)
+  CHECK(plan::decode_splits(128, 1, 640, h64, 108, sm80) == 4);
+  CHECK(plan::decode_splits(1, 1, 32, h8, 108, sm80) == 1);   // one tile: nothing to split
+  CHECK(plan::decode_splits(0, 1, 640, h8, 108, sm80) == 1);
+  const int s32 = plan::decode_splits(32, 1, 640, h64, 108, sm80);
+  CHECK(s32 >= 2 && s32 <= 4);  // 32 tokens on 108 SMs: a few splits, one wave
+  CHECK(plan::decode_splits(1, 1, 100000, h8, 108, sm80) <= plan::kMaxSplits);
+  if (g_failed) {
+    std::printf("%d of %d checks failed\n", g_failed, g_checks);
+    return 1;
+  }
+  std::printf("OK %d\n", g_checks);
+  return 0;
+}
