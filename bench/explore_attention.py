@@ -3,8 +3,9 @@
 
 - decode at batch 1 with the split count forced (0 = automatic) and the per-kernel device
   durations of one call (torch.profiler), to see where the time of a small decode goes;
-- decode at batch 32/128 and prefill (4096 tokens) for the tile variant selected by the
-  environment ($DEEPINFER_ATTN_SCORE_TILE), so two processes compare variants.
+- decode at batch 32/128 and prefill (4096 tokens) for whatever variant the environment
+  selects (e.g. $DEEPINFER_ATTN_NARROW=0), so two processes compare variants (--tag names
+  them).
 
 Every timed case is first checked against the fp32 torch computation (poisoned output).
 Prints one line per case and writes JSON to $OUT (or bench/results/) when --json is given.
@@ -72,7 +73,7 @@ def kernel_durations(fn) -> list[tuple[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tag", default=os.environ.get("DEEPINFER_ATTN_SCORE_TILE", "default"))
+    ap.add_argument("--tag", default="default")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smem-cap", type=int, default=0)
     ap.add_argument("--b1", action="store_true", help="also sweep splits at batch 1")

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Tuning call (device tool): from the GPU bundle (make gpu-bundle, carried at
 # dist/deepinfer-gpu-bundle.tar.gz) build the whole extension (compute_80 PTX -> sm_90),
-# run the GPU tests of the changed kernels, then the variant sweeps:
-#   - gather/combine: bench_cache.py with baselines (default variant) and --ours-only for
-#     the gather knobs listed in GATHER_SWEEP (INFLIGHT:STORE:BLOCKS_PER_SM);
-#   - attention: bench/explore_attention.py for each $DEEPINFER_ATTN_SCORE_TILE in
-#     ATTN_SWEEP (batch-1 split sweep on the first).
-#   bash scripts/device/explore.sh [tests|bench|all]
+# run the GPU tests of the changed kernels, then the variant sweeps. Not the benchmark of
+# record (final.sh is); what it measured this far is in docs/kernels-cache-index.md and
+# docs/attention.md.
+#   tests         attention/cache/index GPU tests, plus the gather knobs in GATHER_TESTS
+#   bench         attention sweep (ATTN_SWEEP entries NAME or NAME=ENV=VAL,ENV=VAL; the
+#                 "default" one also sweeps batch-1 split counts), bench_cache with
+#                 baselines, bench_cache --ours-only for each gather knob set in GATHER_SWEEP
+#                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>)
+#   attention     attention tests + sweep for each ATTN_SWEEP entry
+#   profile       Nsight Compute metrics of the gather next to a same-bytes copy
+#   profile-full  the same with every memory / scheduler section
+#   all           tests, bench, profile
+#   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
 set -uo pipefail
 MODE=${1:-all}
 source "$(dirname "$0")/bundle_env.sh" explore
@@ -16,7 +23,7 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     tests/gpu/test_index_kernels.py > "$OUT/tests.log" 2>&1 || rc=1
   tail -3 "$OUT/tests.log"; echo "=== tests rc=$rc ($((SECONDS - t0)) s)"
   t0=$SECONDS
-  for v in ${GATHER_TESTS:-PREFETCH=1 INFLIGHT=2,PREFETCH=1 INFLIGHT=8,PREFETCH=1}; do  # variants must be exact too
+  for v in ${GATHER_TESTS:-INFLIGHT=2 INFLIGHT=8 STORE=cs}; do  # variants must be exact too
     envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
     env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
       > "$OUT/tests-gather-$v.log" 2>&1 || rc=1
@@ -53,7 +60,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   DEEPINFER_BENCH_COMMAND="bash scripts/device/explore.sh : bench/bench_cache.py --no-doc" \
     timeout 240 $PY bench/bench_cache.py --no-doc > "$OUT/bench-cache.log" 2>&1 || rc=1
   grep -E "us |FAIL" "$OUT/bench-cache.log" | head -40
-  for v in ${GATHER_SWEEP:-PREFETCH=1 INFLIGHT=2,PREFETCH=1 INFLIGHT=8,PREFETCH=1 PREFETCH=1,STORE=cs}; do
+  for v in ${GATHER_SWEEP:-INFLIGHT=8 BLOCKS_PER_SM=4 STORE=cs}; do
     envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
     env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-$v.log" 2>&1
     echo "--- gather $v"
@@ -72,13 +79,9 @@ fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
   t0=$SECONDS
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
-  for st in ${PROFILE_PREFETCH:-1}; do
-    env DEEPINFER_GATHER_PREFETCH=$st timeout 150 ncu --clock-control none \
-      --kernel-name-base demangled -k "regex:gather_k|bitwise_not" --launch-count 4 --metrics $M \
-      $PY bench/profile_gather.py > "$OUT/ncu_gather_$st.txt" 2>&1
-    echo "--- ncu, gather prefetch=$st"
-    grep -E "^  [a-z].*\(|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather_$st.txt" | cut -c1-110 | head -30
-  done
+  timeout 150 ncu --clock-control none --kernel-name-base demangled -k "regex:gather_k|bitwise_not" \
+    --launch-count 4 --metrics $M $PY bench/profile_gather.py > "$OUT/ncu_gather.txt" 2>&1
+  grep -E "^  [a-z].*\(|duration|dram__|lts__|warps_active|stalled" "$OUT/ncu_gather.txt" | cut -c1-110 | head -30
   echo "=== profile ($((SECONDS - t0)) s)"
 fi
 echo "explore.sh rc=$rc"; exit $rc
