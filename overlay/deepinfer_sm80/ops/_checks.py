@@ -34,6 +34,14 @@ def contiguous_1d(t: torch.Tensor, name: str, min_len: int = 0) -> None:
         raise ValueError(f"{name} has {t.size(0)} entries, needs at least {min_len}")
 
 
+def vector(t: torch.Tensor, name: str, device: torch.device | None, want: torch.dtype,
+           min_len: int = 0) -> None:
+    """A contiguous 1-D CUDA tensor of dtype ``want`` on ``device`` with >= min_len entries."""
+    cuda_tensor(t, name, device)
+    dtype(t, name, want)
+    contiguous_1d(t, name, min_len)
+
+
 def rows16(t: torch.Tensor, name: str) -> None:
     """Last dim contiguous, other strides multiples of 16 bytes, 16-byte aligned start."""
     es = t.element_size()

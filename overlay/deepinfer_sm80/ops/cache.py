@@ -60,9 +60,7 @@ def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor,
     if k.size(1) != HEAD_DIM:
         raise ValueError(f"k must be [num_tokens, 512], got {tuple(k.shape)}")
     C.rows16(k, "k")
-    C.cuda_tensor(slot_mapping, "slot_mapping", k.device)
-    C.dtype(slot_mapping, "slot_mapping", torch.int64)
-    C.contiguous_1d(slot_mapping, "slot_mapping")
+    C.vector(slot_mapping, "slot_mapping", k.device, torch.int64)
     if slot_mapping.size(0) > k.size(0):
         raise ValueError(f"slot_mapping has {slot_mapping.size(0)} entries but k has only "
                          f"{k.size(0)} rows")
@@ -87,16 +85,12 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor,
     C.rows16(out, "out")
     dev = out.device
     _check_k_cache(k_cache, block_size, dev)
-    C.cuda_tensor(seq_lens, "seq_lens", dev)
-    C.dtype(seq_lens, "seq_lens", torch.int32)
-    C.contiguous_1d(seq_lens, "seq_lens")
+    C.vector(seq_lens, "seq_lens", dev, torch.int32)
     R = seq_lens.size(0)
     if out.size(0) < R:
         raise ValueError(f"out has {out.size(0)} request rows, seq_lens has {R}")
     if gather_lens is not None:
-        C.cuda_tensor(gather_lens, "gather_lens", dev)
-        C.dtype(gather_lens, "gather_lens", torch.int32)
-        C.contiguous_1d(gather_lens, "gather_lens", R)
+        C.vector(gather_lens, "gather_lens", dev, torch.int32, R)
     C.cuda_tensor(block_table, "block_table", dev)
     C.dtype(block_table, "block_table", torch.int32)
     C.dim(block_table, "block_table", 2, "[num_reqs, max_blocks_per_seq]")

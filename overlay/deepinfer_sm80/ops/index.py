@@ -24,6 +24,14 @@ def _ops():
 TOPK_ALIGNMENT = 128
 
 
+def _topk_rows(topk_indices: torch.Tensor) -> torch.Tensor:
+    """Checked int32 [num_tokens, topk] CUDA tensor with a contiguous last dimension."""
+    C.cuda_tensor(topk_indices, "topk_indices")
+    C.dtype(topk_indices, "topk_indices", torch.int32)
+    C.dim(topk_indices, "topk_indices", 2, "[num_tokens, topk]")
+    return topk_indices if topk_indices.stride(1) == 1 else topk_indices.contiguous()
+
+
 def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor,
                                          token_to_req_indices: torch.Tensor,
                                          block_table: torch.Tensor, block_size: int,
@@ -31,22 +39,13 @@ def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor,
                                          sm_count: int | None = None
                                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local top-k indices -> global cache slots (-1 for l < 0) and per-token counts."""
-    C.cuda_tensor(topk_indices, "topk_indices")
-    dev = topk_indices.device
-    C.dtype(topk_indices, "topk_indices", torch.int32)
-    C.dim(topk_indices, "topk_indices", 2, "[num_tokens, topk]")
-    if topk_indices.stride(1) != 1:
-        topk_indices = topk_indices.contiguous()
-    T = topk_indices.size(0)
-    C.cuda_tensor(token_to_req_indices, "token_to_req_indices", dev)
-    C.dtype(token_to_req_indices, "token_to_req_indices", torch.int32)
-    C.contiguous_1d(token_to_req_indices, "token_to_req_indices", T)
+    topk_indices = _topk_rows(topk_indices)
+    dev, T = topk_indices.device, topk_indices.size(0)
+    C.vector(token_to_req_indices, "token_to_req_indices", dev, torch.int32, T)
     C.cuda_tensor(block_table, "block_table", dev)
     C.dtype(block_table, "block_table", torch.int32)
     C.dim(block_table, "block_table", 2, "[num_reqs, max_blocks_per_seq]")
-    C.cuda_tensor(is_valid_token, "is_valid_token", dev)
-    C.dtype(is_valid_token, "is_valid_token", torch.bool)
-    C.contiguous_1d(is_valid_token, "is_valid_token", T)
+    C.vector(is_valid_token, "is_valid_token", dev, torch.bool, T)
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     out = torch.empty_like(topk_indices, memory_format=torch.contiguous_format)
@@ -67,34 +66,23 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
                              sm_count: int | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate each query token's top-k compressed indices with its SWA window."""
-    C.cuda_tensor(topk_indices, "topk_indices")
-    dev = topk_indices.device
-    C.dtype(topk_indices, "topk_indices", torch.int32)
-    C.dim(topk_indices, "topk_indices", 2, "[num_tokens, topk]")
-    if topk_indices.stride(1) != 1:
-        topk_indices = topk_indices.contiguous()
-    T = topk_indices.size(0)
+    topk_indices = _topk_rows(topk_indices)
+    dev, T = topk_indices.device, topk_indices.size(0)
     if not 0 <= topk <= topk_indices.size(1):
         raise ValueError(f"topk={topk} must be in [0, topk_indices.shape[1]="
                          f"{topk_indices.size(1)}]")
     if window_size < 1 or compress_ratio < 1 or max_image_tokens < 0:
         raise ValueError("window_size and compress_ratio must be >= 1 and "
                          "max_image_tokens >= 0")
-    for name, t in (("seq_lens", seq_lens), ("gather_lens", gather_lens),
-                    ("query_start_loc", query_start_loc)):
-        C.cuda_tensor(t, name, dev)
-        C.dtype(t, name, torch.int32)
+    C.vector(seq_lens, "seq_lens", dev, torch.int32)
     R = seq_lens.size(0)
-    C.contiguous_1d(seq_lens, "seq_lens")
-    C.contiguous_1d(gather_lens, "gather_lens", R)
-    C.contiguous_1d(query_start_loc, "query_start_loc", R + 1)
+    C.vector(gather_lens, "gather_lens", dev, torch.int32, R)
+    C.vector(query_start_loc, "query_start_loc", dev, torch.int32, R + 1)
     if (left_visible is None) != (right_visible is None):
         raise ValueError("left_visible and right_visible must be given together")
     if left_visible is not None:
         for name, t in (("left_visible", left_visible), ("right_visible", right_visible)):
-            C.cuda_tensor(t, name, dev)
-            C.dtype(t, name, torch.int32)
-            C.contiguous_1d(t, name, T)
+            C.vector(t, name, dev, torch.int32, T)
     width = ((topk + window_size + max_image_tokens + TOPK_ALIGNMENT - 1)
              // TOPK_ALIGNMENT * TOPK_ALIGNMENT)
     if out is None:
@@ -108,9 +96,7 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
         if idx.size(0) != T or idx.stride(1) != 1:
             raise ValueError(f"out[0] must be [{T}, width] with a contiguous last dim, got "
                              f"{tuple(idx.shape)} strides {idx.stride()}")
-        C.cuda_tensor(lens, "out[1] (combined lens)", dev)
-        C.dtype(lens, "out[1] (combined lens)", torch.int32)
-        C.contiguous_1d(lens, "out[1] (combined lens)", T)
+        C.vector(lens, "out[1] (combined lens)", dev, torch.int32, T)
     _ops().combine_topk_swa_indices(idx, lens, topk_indices, query_start_loc, seq_lens,
                                        gather_lens, window_size, compress_ratio, topk, M, N,
                                        left_visible, right_visible, max_image_tokens,
