@@ -82,21 +82,6 @@ void check_rows(const Tensor& t, const char* name) {
   check_16b(t, name);
 }
 
-struct IndexList {
-  const int32_t* ptr = nullptr;
-  int64_t stride = 0;
-  int topk = 0;
-};
-
-IndexList check_indices(const Tensor& idx, int64_t tokens, const char* name) {
-  TORCH_CHECK(idx.is_cuda() && idx.scalar_type() == at::kInt, name, " must be a CUDA int32 tensor");
-  TORCH_CHECK(idx.dim() == 2 || (idx.dim() == 3 && idx.size(1) == 1), name,
-              " must be [tokens, topk] or [tokens, 1, topk], got ", idx.sizes());
-  TORCH_CHECK(idx.size(0) == tokens, name, " has ", idx.size(0), " rows for ", tokens, " query tokens");
-  TORCH_CHECK(idx.stride(-1) == 1, name, " must be contiguous in its last dimension");
-  return IndexList{idx.data_ptr<int32_t>(), idx.stride(0), static_cast<int>(idx.size(-1))};
-}
-
 const int32_t* check_lens(const c10::optional<Tensor>& lens, int64_t tokens, const char* name) {
   if (!lens.has_value()) return nullptr;
   const Tensor& l = *lens;
@@ -105,6 +90,35 @@ const int32_t* check_lens(const c10::optional<Tensor>& lens, int64_t tokens, con
   TORCH_CHECK(l.numel() == tokens, name, " must have one entry per query token (", tokens, "), got ",
               l.numel());
   return l.data_ptr<int32_t>();
+}
+
+// The key source's per-token index list ([tokens, topk] or [tokens, 1, topk], -1 padded)
+// and its optional lengths.
+void attach_indices(KeySource& s, const Tensor& idx, const c10::optional<Tensor>& lens,
+                    int64_t tokens, const char* name, const char* lens_name) {
+  TORCH_CHECK(idx.is_cuda() && idx.scalar_type() == at::kInt, name, " must be a CUDA int32 tensor");
+  TORCH_CHECK(idx.dim() == 2 || (idx.dim() == 3 && idx.size(1) == 1), name,
+              " must be [tokens, topk] or [tokens, 1, topk], got ", idx.sizes());
+  TORCH_CHECK(idx.size(0) == tokens, name, " has ", idx.size(0), " rows for ", tokens, " query tokens");
+  TORCH_CHECK(idx.stride(-1) == 1, name, " must be contiguous in its last dimension");
+  s.indices = idx.data_ptr<int32_t>();
+  s.indices_stride = idx.stride(0);
+  s.topk = static_cast<int>(idx.size(-1));
+  s.lens = check_lens(lens, tokens, lens_name);
+}
+
+// Query and output rows: [tokens, ..., heads, 512] with the head dimension at head_dim.
+void set_q_out(SparseMlaParams& p, const Tensor& q, const Tensor& out, int head_dim) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  p.num_tokens = static_cast<int>(q.size(0));
+  p.num_heads = static_cast<int>(q.size(head_dim));
+  p.q = q.data_ptr();
+  p.q_stride_tok = q.stride(0);
+  p.q_stride_head = q.stride(head_dim);
+  p.out = out.data_ptr();
+  p.out_stride_tok = out.stride(0);
+  p.out_stride_head = out.stride(head_dim);
 }
 
 KeySource check_fp8_cache(const Tensor& cache, const char* name) {
@@ -156,36 +170,19 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
               "q must be [tokens, 1, heads, 512] (one row per decode token), got ", q.sizes());
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == at::kBFloat16,
               "out must be a bfloat16 tensor shaped like q");
-  check_rows(q, "q");
-  check_rows(out, "out");
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t T = q.size(0), H = q.size(2);
 
   SparseMlaParams p;
-  p.num_tokens = static_cast<int>(T);
-  p.num_heads = static_cast<int>(H);
-  p.q = q.data_ptr();
-  p.q_stride_tok = q.stride(0);
-  p.q_stride_head = q.stride(2);
-  p.out = out.data_ptr();
-  p.out_stride_tok = out.stride(0);
-  p.out_stride_head = out.stride(2);
+  set_q_out(p, q, out, 2);
   p.src[0] = check_fp8_cache(swa_cache, "swa_cache");
-  IndexList l0 = check_indices(swa_indices, T, "swa_indices");
-  p.src[0].indices = l0.ptr;
-  p.src[0].indices_stride = l0.stride;
-  p.src[0].topk = l0.topk;
-  p.src[0].lens = check_lens(swa_lens, T, "swa_lens");
+  attach_indices(p.src[0], swa_indices, swa_lens, T, "swa_indices", "swa_lens");
   p.num_sources = 1;
   if (extra_cache.has_value() || extra_indices.has_value()) {
     TORCH_CHECK(extra_cache.has_value() && extra_indices.has_value(),
                 "extra_cache and extra_indices go together");
     p.src[1] = check_fp8_cache(*extra_cache, "extra_cache");
-    IndexList l1 = check_indices(*extra_indices, T, "extra_indices");
-    p.src[1].indices = l1.ptr;
-    p.src[1].indices_stride = l1.stride;
-    p.src[1].topk = l1.topk;
-    p.src[1].lens = check_lens(extra_lens, T, "extra_lens");
+    attach_indices(p.src[1], *extra_indices, extra_lens, T, "extra_indices", "extra_lens");
     p.num_sources = 2;
   }
   p.sink = check_sink(attn_sink, H);
@@ -231,30 +228,17 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
               "kv must be [s_kv, 1, 512] (one kv head), got ", kv.sizes());
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == at::kBFloat16,
               "out must be a bfloat16 tensor shaped like q");
-  check_rows(q, "q");
-  check_rows(out, "out");
   check_rows(kv, "kv");
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t T = q.size(0), H = q.size(1);
 
   SparseMlaParams p;
-  p.num_tokens = static_cast<int>(T);
-  p.num_heads = static_cast<int>(H);
-  p.q = q.data_ptr();
-  p.q_stride_tok = q.stride(0);
-  p.q_stride_head = q.stride(1);
-  p.out = out.data_ptr();
-  p.out_stride_tok = out.stride(0);
-  p.out_stride_head = out.stride(1);
+  set_q_out(p, q, out, 1);
   KeySource& s = p.src[0];
   s.base = static_cast<const uint8_t*>(kv.data_ptr());
   s.row_stride = kv.stride(0) * 2;
   s.num_rows = kv.size(0);
-  IndexList l0 = check_indices(indices, T, "indices");
-  s.indices = l0.ptr;
-  s.indices_stride = l0.stride;
-  s.topk = l0.topk;
-  s.lens = check_lens(topk_length, T, "topk_length");
+  attach_indices(s, indices, topk_length, T, "indices", "topk_length");
   p.num_sources = 1;
   p.sink = check_sink(attn_sink, H);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
