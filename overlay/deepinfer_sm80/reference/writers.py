@@ -138,19 +138,14 @@ def fp8_ds_mla_entry_bytes(codes, scale_bytes, rope, page_size: int):
     return value, scale_bytes
 
 
-def compressor_store_ref(*, state_cache, token_to_req_indices, positions, slot_mapping,
-                         block_table, block_size, cos_sin_cache, kv_cache,
-                         kv_slot_mapping, compress_ratio, rms_norm_weight, rms_norm_eps,
-                         head_dim=512, rope_head_dim=64):
-    """Reference of the main compressor store: returns a copy of ``kv_cache``
-    (uint8 [nb, bs, 584] view with padded stride) with every boundary token's
-    entry written, plus the float64 normalised vectors keyed by token."""
-    flat = kv_cache.as_strided((kv_cache.shape[0], kv_cache.stride(0)), (kv_cache.stride(0), 1))
-    out = flat.clone()
-    bs = kv_cache.shape[1]
+def _compressed_rows(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
+                     block_size, cos_sin_cache, kv_slot_mapping, compress_ratio,
+                     rms_norm_weight, rms_norm_eps, head_dim):
+    """The tokens a compressor store writes (a compression boundary, a state slot and a
+    cache slot, within every per-token array, as the kernels' masks have it), each with
+    its RMS-normalised compressed vector (float64) and the cos/sin row of its compressed
+    position: yields (t, y, cos_sin)."""
     state_width = state_cache.shape[-1] // 2
-    half = rope_head_dim // 2
-    normed = {}
     for t in range(slot_mapping.shape[0]):
         if t >= positions.shape[0] or t >= kv_slot_mapping.shape[0]:
             continue
@@ -163,9 +158,26 @@ def compressor_store_ref(*, state_cache, token_to_req_indices, positions, slot_m
         comp = compress_window_ref(state_cache, block_table[req], block_size, pos,
                                    compress_ratio, head_dim, state_width)
         y = rms_norm_ref(comp, rms_norm_weight, rms_norm_eps)
-        normed[t] = y
         cpos = (pos // compress_ratio) * compress_ratio
-        cs = cos_sin_cache[cpos].to(torch.float64)
+        yield t, y, cos_sin_cache[cpos].to(torch.float64)
+
+
+def compressor_store_ref(*, state_cache, token_to_req_indices, positions, slot_mapping,
+                         block_table, block_size, cos_sin_cache, kv_cache,
+                         kv_slot_mapping, compress_ratio, rms_norm_weight, rms_norm_eps,
+                         head_dim=512, rope_head_dim=64):
+    """Reference of the main compressor store: returns a copy of ``kv_cache``
+    (uint8 [nb, bs, 584] view with padded stride) with every boundary token's
+    entry written, plus the float64 normalised vectors keyed by token."""
+    flat = kv_cache.as_strided((kv_cache.shape[0], kv_cache.stride(0)), (kv_cache.stride(0), 1))
+    out = flat.clone()
+    bs = kv_cache.shape[1]
+    half = rope_head_dim // 2
+    normed = {}
+    for t, y, cs in _compressed_rows(state_cache, token_to_req_indices, positions, slot_mapping,
+                                     block_table, block_size, cos_sin_cache, kv_slot_mapping,
+                                     compress_ratio, rms_norm_weight, rms_norm_eps, head_dim):
+        normed[t] = y
         codes, sbytes, rope = fp8_ds_mla_entry_ref(y, cs[:half], cs[half:rope_head_dim])
         value, sbytes = fp8_ds_mla_entry_bytes(codes, sbytes, rope, bs)
         slot = int(kv_slot_mapping[t])
@@ -203,20 +215,10 @@ def indexer_store_ref(*, state_cache, token_to_req_indices, positions, slot_mapp
     flat = kv_cache.as_strided((kv_cache.shape[0], kv_cache.stride(0)), (kv_cache.stride(0), 1))
     out = flat.clone()
     bs = kv_cache.shape[1]
-    state_width = state_cache.shape[-1] // 2
     half = rope_head_dim // 2
-    for t in range(slot_mapping.shape[0]):
-        pos = int(positions[t])
-        if int(slot_mapping[t]) < 0 or int(kv_slot_mapping[t]) < 0:
-            continue
-        if (pos + 1) % compress_ratio != 0:
-            continue
-        req = int(token_to_req_indices[t])
-        comp = compress_window_ref(state_cache, block_table[req], block_size, pos,
-                                   compress_ratio, head_dim, state_width)
-        y = rms_norm_ref(comp, rms_norm_weight, rms_norm_eps)
-        cpos = (pos // compress_ratio) * compress_ratio
-        cs = cos_sin_cache[cpos].to(torch.float64)
+    for t, y, cs in _compressed_rows(state_cache, token_to_req_indices, positions, slot_mapping,
+                                     block_table, block_size, cos_sin_cache, kv_slot_mapping,
+                                     compress_ratio, rms_norm_weight, rms_norm_eps, head_dim):
         codes, scale = indexer_entry_ref(y, cs[:half], cs[half:rope_head_dim], rope_head_dim)
         slot = int(kv_slot_mapping[t])
         page, i = divmod(slot, bs)
