@@ -194,7 +194,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   const int sms = device_sms(num_sms);
   const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
   const TileConfigId id = choose_decode_config(T, H, capacity, sms, cap);
-  const LaunchInfo li = decode_launch_info(id);
+  const LaunchInfo li = plan::info(id, true);
   const int64_t groups = (H + li.heads_per_block - 1) / li.heads_per_block;
   int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, kMaxSplits))
                               : choose_splits(T, groups, capacity, li, sms, cap);

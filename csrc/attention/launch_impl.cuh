@@ -6,7 +6,6 @@
 
 #include "config_sm80.h"
 #include "config_sm86.h"
-#include "plan.h"
 #include "sparse_mla_kernel.cuh"
 
 namespace deepinfer_sm80::attention {
@@ -23,11 +22,6 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS, smem, stream>>>(p);
   return cudaGetLastError();
-}
-
-template <bool kFp8>
-LaunchInfo launch_info_dispatch(TileConfigId id) {
-  return plan::info(id, kFp8);
 }
 
 template <bool kFp8>

@@ -61,9 +61,7 @@ struct LaunchInfo {
   int smem_bytes;
 };
 
-// Shared memory and shape of a configuration (decode = fp8 loader, prefill = bf16 loader).
-LaunchInfo decode_launch_info(TileConfigId id);
-LaunchInfo prefill_launch_info(TileConfigId id);
+// Shape and shared memory of a configuration: plan::info (plan.h).
 
 // Launch the main kernel (one block per token x split x head group) on stream.
 cudaError_t launch_decode(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream);

@@ -34,13 +34,6 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
-// Decode route for scale bytes 10..134 (csrc/common/fp8_e4m3.cuh): bf16 multiply (fewer
-// instructions) or the fp16/fp32 route; both exact, same bits.
-#ifndef DEEPINFER_GATHER_BF16MUL
-#define DEEPINFER_GATHER_BF16MUL 1
-#endif
-constexpr bool kBf16MulDecode = DEEPINFER_GATHER_BF16MUL != 0;
-
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
@@ -57,7 +50,7 @@ __device__ __forceinline__ uint4 decode8_with(uint2 codes, Decode4 dec) {
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
   const bool no_nan = !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y);
-  if (kBf16MulDecode && e4m3_bf16mul_scale_ok(s) && no_nan) {
+  if (e4m3_bf16mul_scale_ok(s) && no_nan) {
     const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
     return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
       e4m3x4_to_bf16x4_bf16mul(w, mult, lo, hi);

@@ -5,8 +5,6 @@
 
 namespace deepinfer_sm80::attention {
 
-LaunchInfo decode_launch_info(TileConfigId id) { return launch_info_dispatch<true>(id); }
-
 cudaError_t launch_decode(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
   return launch_dispatch<true>(p, id, stream);
 }

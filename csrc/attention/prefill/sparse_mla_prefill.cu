@@ -4,8 +4,6 @@
 
 namespace deepinfer_sm80::attention {
 
-LaunchInfo prefill_launch_info(TileConfigId id) { return launch_info_dispatch<false>(id); }
-
 cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
   return launch_dispatch<false>(p, id, stream);
 }
