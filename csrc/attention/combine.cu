@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "params.h"
+#include "plan.h"
 
 namespace deepinfer_sm80::attention {
 namespace {
@@ -19,7 +20,8 @@ constexpr float kLn2C = 0.6931471805599453f;
 constexpr int kDimThreads = kHeadDim / 4;  // 128: one float4 of O each
 constexpr int kGroups = 4;
 constexpr int kCombineThreads = kDimThreads * kGroups;
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = static_cast<int>(plan::kMaxSplits);  // the planner's cap
+static_assert(kMaxSplits % kGroups == 0 && kMaxSplits <= 64, "one split per lane of warp 0, twice");
 constexpr int kPerThread = kMaxSplits / kGroups;
 
 __global__ void __launch_bounds__(kCombineThreads) sparse_mla_combine_kernel(const SparseMlaParams p) {
