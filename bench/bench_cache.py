@@ -300,6 +300,7 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
             print(f"gather {shape:>10} {name:>9}: {t.median_us:9.1f} us  {bw:7.0f} GB/s "
                   f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
         same_bytes_row(report, "dequantize_and_gather_k_cache", shape, per_set, copy_gbps)
+        same_mix_row(report, shape, reqs * n, copy_gbps)
         del sets
         torch.cuda.empty_cache()
 
@@ -314,6 +315,26 @@ def same_bytes_row(report: common.Report, kernel: str, shape: str, nbytes: int,
                iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw, pct_copy=100.0 * bw / copy_gbps,
                timing=t.as_dict())
     print(f"{kernel[:7]} {shape:>16} copy, same bytes: {t.median_us:8.2f} us  {bw:7.0f} GB/s "
+          f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+
+
+def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float) -> None:
+    """Reference row: contiguous rows read at the gather's 584 bytes and written at its 1024
+    (bench/mixed_copy.py): the copy ceiling for the gather's read:write mix, without the
+    gather and the decode."""
+    try:
+        import mixed_copy
+        t = mixed_copy.widen_rows_time(rows, ENTRY_BYTES, 2 * HEAD)
+    except Exception as e:  # triton missing or failing: the row is context, not a result
+        report.check(f"gather {shape}: same-mix copy row", False, f"{type(e).__name__}: {e}")
+        return
+    nbytes = rows * (ENTRY_BYTES + 2 * HEAD)
+    bw = common.gbps(nbytes, t.median_us)
+    report.add(kernel="dequantize_and_gather_k_cache", shape=shape,
+               impl="copy, same read:write mix (584 B in, 1024 B out per row)",
+               median_us=t.median_us, iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw,
+               pct_copy=100.0 * bw / copy_gbps, timing=t.as_dict())
+    print(f"gather  {shape:>16} copy, same mix:   {t.median_us:8.2f} us  {bw:7.0f} GB/s "
           f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
 
 

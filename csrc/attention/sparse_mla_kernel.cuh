@@ -200,13 +200,17 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
 
     // ---- scores: S^T[key][head] = K Q^T. A warp owns KMW key m16-tiles x NTW head
-    // n8-tiles; per 16-dim k-step it loads KMW A fragments (ldmatrix.x4 of K) and NTW B
-    // fragments (ldmatrix of Q) for KMW * NTW MMAs. With fewer than 4 MMAs per k-step the
-    // even and odd k-steps accumulate into separate registers (two independent chains).
+    // n8-tiles over one of KSPLIT head-dim slices (KS_PER 16-dim k-steps); per k-step it
+    // loads KMW A fragments (ldmatrix.x4 of K) and NTW B fragments (ldmatrix of Q) for
+    // KMW * NTW MMAs. The slices' partial sums go to KSPLIT score buffers that the softmax
+    // adds: every warp of the block takes part instead of S_TILES of them. With fewer than
+    // 4 MMAs per k-step the even and odd k-steps accumulate into separate registers.
     if (warp < Cfg::S_WARPS) {
       constexpr int CH = (KMW * NTW >= 4) ? 1 : 2;
-      const int km0 = (warp / (HN / NTW)) * KMW;
-      const int hn0 = (warp % (HN / NTW)) * NTW;
+      constexpr int KS_PER = Cfg::KS_PER;
+      const int kgrp = warp / Cfg::S_TILES, wt = warp % Cfg::S_TILES;
+      const int km0 = (wt / (HN / NTW)) * KMW;
+      const int hn0 = (wt % (HN / NTW)) * NTW;
       float sacc[CH][KMW][NTW][4];
 #pragma unroll
       for (int u = 0; u < CH; ++u)
@@ -219,10 +223,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
       // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
       // per-thread base addresses plus a compile-time offset once the loop is unrolled
-      // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB).
+      // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB). A slice starts at
+      // k-step kgrp * KS_PER (a multiple of 4): + kgrp * KS_PER * 32 bytes.
       const int mi = lane >> 3, r7 = lane & 7;
-      const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024;
-      const uint32_t b_row = s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024;
+      const uint32_t kslice = kgrp * KS_PER * 32;
+      const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
+      const uint32_t b_row =
+          s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
       uint32_t a_addr[4], b_addr[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
       }
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      for (int ks = 0; ks < KS_PER; ++ks) {
         const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
         const uint32_t koff = (ks >> 2) * 128;
         uint32_t bf[NTW][2];
@@ -258,34 +265,45 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 #pragma unroll
             for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
       }
+      float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
 #pragma unroll
       for (int a = 0; a < KMW; ++a)
 #pragma unroll
         for (int n = 0; n < NTW; ++n) {
           const int col = (hn0 + n) * 8 + 2 * t;
           const int row = (km0 + a) * 16 + g;
-          *reinterpret_cast<float2*>(s_scores + row * Cfg::S_STRIDE + col) =
+          *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
               make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
-          *reinterpret_cast<float2*>(s_scores + (row + 8) * Cfg::S_STRIDE + col) =
+          *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
               make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
     }
     __syncthreads();
 
-    // ---- online softmax, one head per TPH threads
+    // ---- online softmax, one head per TPH threads; a key's score is the sum of the
+    // KSPLIT slice buffers (read once, kept in registers for both passes)
     {
       const int* valid = s_valid + st * BK;
+      constexpr int RPT = BK / TPH;  // keys per thread
+      float sv[RPT];
       float mx = -INFINITY;
 #pragma unroll
-      for (int r = sm_part; r < BK; r += TPH)
-        if (valid[r]) mx = fmaxf(mx, s_scores[r * Cfg::S_STRIDE + sm_head]);
+      for (int q = 0; q < RPT; ++q) {
+        const int r = sm_part + q * TPH;
+        float v = s_scores[r * Cfg::S_STRIDE + sm_head];
+#pragma unroll
+        for (int kg = 1; kg < Cfg::KSPLIT; ++kg) v += s_scores[(kg * BK + r) * Cfg::S_STRIDE + sm_head];
+        sv[q] = valid[r] ? v : -INFINITY;
+        mx = fmaxf(mx, sv[q]);
+      }
 #pragma unroll
       for (int o = TPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m_run, mx);
       float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
 #pragma unroll
-      for (int r = sm_part; r < BK; r += TPH) {
-        const float pr = valid[r] ? exp2f(s_scores[r * Cfg::S_STRIDE + sm_head] - m_new) : 0.f;
+      for (int q = 0; q < RPT; ++q) {
+        const int r = sm_part + q * TPH;
+        const float pr = sv[q] != -INFINITY ? exp2f(sv[q] - m_new) : 0.f;
         const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
         s_probs[sm_head * Cfg::P_STRIDE + r] = pb;
         sum += __bfloat162float(pb);

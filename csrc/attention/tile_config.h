@@ -10,7 +10,7 @@
 
 namespace deepinfer_sm80::attention {
 
-template <int kHG, int kBK, int kWarps, int kNTW, int kStages, int kKMW = 1>
+template <int kHG, int kBK, int kWarps, int kNTW, int kStages, int kKMW = 1, int kKSplit = 1>
 struct TileConfig {
   static constexpr int HG = kHG;          // heads per block
   static constexpr int BK = kBK;          // keys per tile
@@ -21,17 +21,21 @@ struct TileConfig {
   static constexpr int STAGES = kStages;  // bf16: K/V tiles in flight; fp8: raw record tiles
   static constexpr int KM = BK / 16;      // key m16-tiles per tile
   static constexpr int HN = HG / 8;       // head n8-tiles
-  static constexpr int S_WARPS = KM * HN / (NTW * KMW);  // warps busy in the score MMA
+  static constexpr int S_TILES = KM * HN / (NTW * KMW);  // score warp tiles per key tile
+  static constexpr int KSPLIT = kKSplit;  // head-dim slices of the score MMA (one warp each)
+  static constexpr int S_WARPS = S_TILES * KSPLIT;        // warps busy in the score MMA
+  static constexpr int KS_PER = kHeadDim / 16 / KSPLIT;   // 16-dim k-steps per score warp
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
-  static constexpr int S_STRIDE = HG + 8;        // fp32 scores [BK][HG + 8]
+  static constexpr int S_STRIDE = HG + 8;        // fp32 scores [KSPLIT][BK][HG + 8]
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
 
   static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
   static_assert((HN % NTW) == 0 && (KM % KMW) == 0 && S_WARPS <= NWARPS, "score MMA split");
+  static_assert(KS_PER % 4 == 0, "score k-slices start on a 64-dim (swizzle period) boundary");
   static_assert(DW % 64 == 0, "PV MMA split (the swizzle arithmetic needs 64-dim slices)");
-  static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "softmax split");
+  static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && BK % TPH == 0, "softmax split");
   static_assert(NTW <= 4 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
 
   // Shared memory layout (bytes). Q and K/V rows are 1024 bytes with 16-byte chunks
@@ -48,7 +52,7 @@ struct TileConfig {
     static constexpr int raw = kv + kv_tiles * kTileBytes;
     static constexpr int raw_scale = raw + (kFp8 ? STAGES * kRawBytes : 0);
     static constexpr int scores = raw_scale + (kFp8 ? STAGES * kRawScaleBytes : 0);
-    static constexpr int probs = scores + BK * S_STRIDE * 4;
+    static constexpr int probs = scores + KSPLIT * BK * S_STRIDE * 4;
     static constexpr int valid = probs + HG * P_STRIDE * 2;
     static constexpr int alpha = valid + STAGES * BK * 4;
     static constexpr int stat_m = alpha + HG * 4;
