@@ -12,6 +12,8 @@
 #   attention     attention tests + sweep for each ATTN_SWEEP entry
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
 #   profile-full  the same with every memory / scheduler section
+#   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
+#                 warp states, source counters, per-SASS-instruction stall samples (CSV)
 #   all           tests, bench, profile
 #   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
 set -uo pipefail
@@ -75,6 +77,20 @@ if [ "$MODE" = profile-full ]; then  # every memory / scheduler section for gath
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats $PY bench/profile_gather.py > "$OUT/ncu_gather_full.txt" 2>&1
   grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_gather_full.txt" | grep -v "^    -" | cut -c1-120 | head -150
+fi
+if [ "$MODE" = profile-attn ]; then
+  t0=$SECONDS
+  timeout 240 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
+    --launch-count 4 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section SourceCounters --section Occupancy --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis -o /tmp/attn $PY bench/profile_attention.py > "$OUT/ncu_attn.log" 2>&1 || rc=1
+  tail -5 "$OUT/ncu_attn.log"
+  ncu -i /tmp/attn.ncu-rep --page details > "$OUT/ncu_attn_details.txt" 2>&1
+  grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_attn_details.txt" | grep -v "^    -" | cut -c1-120 | head -80
+  ncu -i /tmp/attn.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_attn_sass.csv" 2>&1 || \
+    ncu -i /tmp/attn.ncu-rep --page source --csv > "$OUT/ncu_attn_sass.csv" 2>&1
+  head -c 600 "$OUT/ncu_attn_sass.csv"; echo; wc -l "$OUT/ncu_attn_sass.csv"
+  echo "=== profile-attn ($((SECONDS - t0)) s)"
 fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
   t0=$SECONDS
