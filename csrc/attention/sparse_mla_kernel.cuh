@@ -22,6 +22,11 @@ namespace deepinfer_sm80::attention {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// Lazy rescaling: the running max a head's weights are taken against moves only when a
+// tile's max exceeds it by more than this (log2 units), so weights stay <= 2^8 (exact in
+// fp32, the same relative bf16 rounding) and O is rarely rescaled. The true max is kept
+// apart for max_logits.
+constexpr float kRescaleSlack = 8.f;
 
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * 1024 + ((chunk ^ (row & 7)) << 4));
@@ -49,7 +54,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   float* s_alpha = reinterpret_cast<float*>(smem + L::alpha);
   float* s_m = reinterpret_cast<float*>(smem + L::stat_m);
   float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
-  float* s_lx = reinterpret_cast<float*>(smem + L::stat_lx);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int groups = (p.num_heads + HG - 1) / HG;
@@ -81,72 +85,75 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
   }
 
-  // ---- tile loader. Each thread owns NI (key row, 16-byte chunk) items of a tile; the
-  // key indices of tile j+1 are fetched into registers one iteration before its copies are
-  // issued, so index latency never stalls the copy issue.
-  constexpr int kChunks = kFp8 ? kDataBytes / 16 + 1 : 64;  // fp8: 36 data chunks + scales
-  constexpr int NI = (BK * kChunks + NT - 1) / NT;
-  int pidx[NI];
-  auto fetch_idx = [&](int j) {
-    const int kb = k_begin + j * BK;
-#pragma unroll
-    for (int it = 0; it < NI; ++it) {
-      const int i = tid + it * NT;
-      const int r = i / kChunks, k = kb + r;
-      int idx = -1;
-      if (i < BK * kChunks && k < k_end) {
-        const int s = k < len0 ? 0 : 1;
-        const KeySource& ks = p.src[s];
-        idx = ks.indices[tok * ks.indices_stride + (s ? k - len0 : k)];
+  // ---- tile loader: 8 threads per key row. Thread (lr = tid / 8, lq = tid % 8) resolves
+  // row lr of a tile (one index load, one block division for the paged cache) one tile
+  // before it issues that row's copies: chunks lq, lq + 8, ... of the row, so that the
+  // source and the swizzled destination are a per-thread base plus compile-time offsets
+  // ((lq + 8i) ^ (lr & 7) == 8i + (lq ^ (lr & 7))).
+  static_assert(NT == 8 * BK, "loader: 8 threads per key row");
+  const int lr = tid >> 3, lq = tid & 7;
+  const uint8_t* nrow = nullptr;    // source row of the next tile (nullptr: invalid or past the list)
+  const uint8_t* nscale = nullptr;  // fp8: its 8 scale bytes
+  auto fetch_row = [&](int j) {
+    const int k = k_begin + j * BK + lr;
+    const uint8_t* row = nullptr;
+    if (k < k_end) {
+      const bool second = k >= len0;  // sources as fields, not a dynamically indexed array
+      const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
+      const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
+      const int idx = ind[tok * istride + (second ? k - len0 : k)];
+      const uint8_t* base = second ? p.src[1].base : p.src[0].base;
+      if constexpr (!kFp8) {
+        const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
+        const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
+        if (idx >= 0 && idx < rows) row = base + static_cast<int64_t>(idx) * rstride;
+      } else {
+        if (idx >= 0) {
+          const int bs = second ? p.src[1].block_size : p.src[0].block_size;
+          const int64_t bstride = second ? p.src[1].block_stride : p.src[0].block_stride;
+          const int blk = idx / bs, off = idx - blk * bs;
+          const uint8_t* block = base + static_cast<int64_t>(blk) * bstride;
+          row = block + off * kDataBytes;
+          nscale = block + bs * kDataBytes + off * kScaleBytes;
+        }
       }
-      pidx[it] = idx;
     }
+    nrow = row;
   };
   auto issue_tile = [&](int j) {
     const int st = j % STAGES;
-    const int kb = k_begin + j * BK;
+    const bool ok = nrow != nullptr;
+    const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies (src size 0)
+    if constexpr (!kFp8) {
+      const uint32_t dst = s_base + L::kv + st * Cfg::kTileBytes + lr * 1024 + ((lq ^ (lr & 7)) << 4);
 #pragma unroll
-    for (int it = 0; it < NI; ++it) {
-      const int i = tid + it * NT;
-      if (i >= BK * kChunks) break;
-      const int r = i / kChunks, c = i - r * kChunks, k = kb + r;
-      const int idx = pidx[it];
-      const KeySource& ks = p.src[k < len0 ? 0 : 1];
-      if constexpr (!kFp8) {
-        const bool ok = idx >= 0 && idx < ks.num_rows;
-        const uint8_t* src = ok ? ks.base + static_cast<int64_t>(idx) * ks.row_stride + c * 16 : p.src[0].base;
-        ptx::cp_async_16(s_base + L::kv + st * Cfg::kTileBytes + swz(r, c), src, ok ? 16 : 0);
-        if (c == 0) s_valid[st * BK + r] = ok;
-      } else {
-        const bool ok = idx >= 0;
-        const uint8_t* src = p.src[0].base;
-        if (ok) {
-          const int blk = idx / ks.block_size;
-          const int off = idx - blk * ks.block_size;
-          const uint8_t* block = ks.base + static_cast<int64_t>(blk) * ks.block_stride;
-          src = c < kChunks - 1 ? block + off * kDataBytes + c * 16
-                                : block + ks.block_size * kDataBytes + off * kScaleBytes;
-        }
-        if (c < kChunks - 1) {
-          ptx::cp_async_16(s_base + L::raw + st * Cfg::kRawBytes + r * kDataBytes + c * 16, src,
-                           ok ? 16 : 0);
-        } else {
-          ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + r * kScaleBytes, src,
-                          ok ? 8 : 0);
-          s_valid[st * BK + r] = ok;
-        }
+      for (int i = 0; i < 8; ++i)
+        ptx::cp_async_16(dst + i * 128, ok ? nrow + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+      if (lq == 0) s_valid[st * BK + lr] = ok;
+    } else {
+      // 36 data chunks: lq + 8i for i < 4, and 32 + lq for lq < 4; the scale word: lq == 4
+      const uint32_t dst = s_base + L::raw + st * Cfg::kRawBytes + lr * kDataBytes + lq * 16;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        ptx::cp_async_16(dst + i * 128, ok ? nrow + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+      if (lq < 4) {
+        ptx::cp_async_16(dst + 512, ok ? nrow + lq * 16 + 512 : zero_src, ok ? 16 : 0);
+      } else if (lq == 4) {
+        ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + lr * kScaleBytes,
+                        ok ? nscale : zero_src, ok ? 8 : 0);
+        s_valid[st * BK + lr] = ok;
       }
     }
   };
 
-  // ---- prologue: Q joins the first group; indices of the next tile in flight
+  // ---- prologue: Q joins the first group; the rows of the next tile resolved
   static_assert(STAGES == 2, "the loader pipelines one tile ahead");
   if (num_tiles > 0) {
-    fetch_idx(0);
+    fetch_row(0);
     issue_tile(0);
   }
   ptx::cp_async_commit();
-  if (num_tiles > 1) fetch_idx(1);
+  if (num_tiles > 1) fetch_row(1);
 
   float acc[DM][HN][4];
 #pragma unroll
@@ -158,7 +165,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
-  float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;
+  float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // reference max, sums of weights
+  float m_true = -INFINITY;                             // the true running max
   const int g = lane >> 2, t = lane & 3;
 
   for (int j = 0; j < num_tiles; ++j) {
@@ -166,33 +174,35 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     __syncthreads();
     if (j + 1 < num_tiles) issue_tile(j + 1);
     ptx::cp_async_commit();
-    if (j + 2 < num_tiles) fetch_idx(j + 2);
+    if (j + 2 < num_tiles) fetch_row(j + 2);
     const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
     if constexpr (kFp8) {
-      // raw records of stage st -> bf16 tile (exact), 8 values per thread step
-      const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes;
-      const uint8_t* rsc = smem + L::raw_scale + st * Cfg::kRawScaleBytes;
-      uint8_t* tile = smem + L::kv;
-      for (int i = tid; i < BK * 64; i += NT) {
-        const int r = i >> 6, c = i & 63;
+      // raw records of stage st -> bf16 tile (exact). Thread (lr, lq) converts output chunks
+      // lq + 8i of row lr: i < 7 NoPE codes 8c..8c+7 of scale group i, i == 7 the RoPE chunk.
+      const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes + lr * kDataBytes;
+      const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
+                                                       lr * kScaleBytes);
+      uint8_t* trow = smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
         uint4 v;
-        if (c < kNopeDim / 8) {
-          const uint2 w = *reinterpret_cast<const uint2*>(raw + r * kDataBytes + c * 8);
-          const uint32_t sb = rsc[r * kScaleBytes + (c >> 3)];
+        if (i < kNopeDim / 64) {
+          const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+          const uint32_t sb = ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu;
           if (sb <= fp8::kOneStepMaxScaleByte) {
             const float f = fp8::one_step_factor(sb);
             fp8::e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
             fp8::e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
           } else {
-            const float sc = fp8::ue8m0_scale(sb);
-            fp8::e4m3x4_scaled_to_bf16x4(w.x, sc, v.x, v.y);
-            fp8::e4m3x4_scaled_to_bf16x4(w.y, sc, v.z, v.w);
+            const float scl = fp8::ue8m0_scale(sb);
+            fp8::e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
+            fp8::e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
           }
         } else {
-          v = *reinterpret_cast<const uint4*>(raw + r * kDataBytes + kNopeDim + (c - kNopeDim / 8) * 16);
+          v = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
         }
-        *reinterpret_cast<uint4*>(tile + swz(r, c)) = v;
+        *reinterpret_cast<uint4*>(trow + i * 128) = v;
       }
       __syncthreads();
     } else {
@@ -298,7 +308,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       }
 #pragma unroll
       for (int o = TPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_new = fmaxf(m_run, mx);
+      m_true = fmaxf(m_true, mx);
+      const float m_new = mx > m_run + kRescaleSlack ? mx : m_run;  // m_run = -inf: takes mx
       float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
 #pragma unroll
       for (int q = 0; q < RPT; ++q) {
@@ -381,12 +392,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   }
   ptx::cp_async_wait<0>();
 
-  // ---- epilogue
+  // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
+  // or the split partials) from registers; s_m / s_l serve the normalisation of O.
   if (sm_part == 0) {
     s_m[sm_head] = m_run;
     s_l[sm_head] = l_run;
-    s_lx[sm_head] = lx_run;
   }
+  const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
   __syncthreads();
   const int d_base = warp * Cfg::DW;
   if (p.num_splits == 1) {
@@ -423,13 +435,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
             *reinterpret_cast<const uint4*>(stage + swz(r, c));
     }
-    if (tid < HG && head0 + tid < p.num_heads) {
-      const int h = head0 + tid;
-      const float l = s_l[tid], m = s_m[tid], lx = s_lx[tid];
+    if (stat_lane) {
+      const int h = head0 + sm_head;
       if (p.lse != nullptr)
-        p.lse[tok * p.lse_stride_tok + h * p.lse_stride_head] = l > 0.f ? (m + log2f(lx)) * kLn2 : INFINITY;
+        p.lse[tok * p.lse_stride_tok + h * p.lse_stride_head] =
+            l_run > 0.f ? (m_run + log2f(lx_run)) * kLn2 : INFINITY;
       if (p.max_logits != nullptr)
-        p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l > 0.f ? m * kLn2 : -INFINITY;
+        p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l_run > 0.f ? m_true * kLn2 : -INFINITY;
     }
   } else {
     const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + split) * p.num_heads;
@@ -443,11 +455,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           const int d = d_base + dm * 16 + g + (e >> 1) * 8;
           if (h < p.num_heads) p.part_o[(row0 + h) * kHeadDim + d] = acc[dm][hn][e];
         }
-    if (tid < HG && head0 + tid < p.num_heads) {
+    if (stat_lane) {
       const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 3 * p.num_heads;
-      p.part_ml[ml + head0 + tid] = s_m[tid];
-      p.part_ml[ml + p.num_heads + head0 + tid] = s_l[tid];
-      p.part_ml[ml + 2 * p.num_heads + head0 + tid] = s_lx[tid];
+      p.part_ml[ml + head0 + sm_head] = m_run;
+      p.part_ml[ml + p.num_heads + head0 + sm_head] = l_run;
+      p.part_ml[ml + 2 * p.num_heads + head0 + sm_head] = lx_run;
     }
   }
 }

@@ -57,8 +57,7 @@ struct TileConfig {
     static constexpr int alpha = valid + STAGES * BK * 4;
     static constexpr int stat_m = alpha + HG * 4;
     static constexpr int stat_l = stat_m + HG * 4;
-    static constexpr int stat_lx = stat_l + HG * 4;
-    static constexpr int total = stat_lx + HG * 4;
+    static constexpr int total = stat_l + HG * 4;
   };
 };
 

@@ -31,14 +31,14 @@ static TileConfigId widest(int64_t heads, bool fp8, int cap) {
 int main() {
   const int sm80 = kSmemCapSm80, sm86 = kSmemCapSm86;
   // shared memory of each configuration (docs/attention.md table)
-  CHECK(plan::info(TileConfigId::kH64, false).smem_bytes == 155904);
-  CHECK(plan::info(TileConfigId::kH64, true).smem_bytes == 160512);
-  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 111872);
-  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 116480);
-  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 89856);
-  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 94464);
-  CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 76800);
-  CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81408);
+  CHECK(plan::info(TileConfigId::kH64, false).smem_bytes == 155648);
+  CHECK(plan::info(TileConfigId::kH64, true).smem_bytes == 160256);
+  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 111744);
+  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 116352);
+  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 89792);
+  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 94400);
+  CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 76768);
+  CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81376);
   // 8-head tiles keep two resident blocks per A100 SM (164 KB per SM, 1 KB reserved per block)
   CHECK(2 * (plan::info(TileConfigId::kH8, true).smem_bytes + 1024) <= 164 * 1024);
   for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
