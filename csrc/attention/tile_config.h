@@ -28,7 +28,9 @@ struct TileConfig {
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
-  static constexpr int S_STRIDE = HG + 8;        // fp32 scores [KSPLIT][BK][HG + 8]
+  // fp32 scores [KSPLIT][BK][S_STRIDE]; 8-head tiles pad by 2 only, so that with two
+  // slices the fp8 layout still fits two blocks in an A100 SM (2 x (81888 + 1024) B <= 164 KB)
+  static constexpr int S_STRIDE = HG + (HG >= 16 ? 8 : 2);
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
 
   static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
