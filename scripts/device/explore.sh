@@ -13,7 +13,8 @@
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
 #   profile-full  the same with every memory / scheduler section
 #   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
-#                 warp states, source counters, per-SASS-instruction stall samples (CSV)
+#                 warp states, source counters, per-SASS-instruction stall samples (CSV),
+#                 then the batch-1 decode split sweep
 #   all           tests, bench, profile
 #   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
 set -uo pipefail
@@ -90,6 +91,9 @@ if [ "$MODE" = profile-attn ]; then
   ncu -i /tmp/attn.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_attn_sass.csv" 2>&1 || \
     ncu -i /tmp/attn.ncu-rep --page source --csv > "$OUT/ncu_attn_sass.csv" 2>&1
   head -c 600 "$OUT/ncu_attn_sass.csv"; echo; wc -l "$OUT/ncu_attn_sass.csv"
+  timeout 120 $PY bench/explore_attention.py --tag b1 --b1-only --smem-cap 166912 \
+    > "$OUT/explore_attention_b1.log" 2>&1 || rc=1
+  grep -v "^\[" "$OUT/explore_attention_b1.log" | grep -v "kernels\|Warn\|warn" | cut -c1-160
   echo "=== profile-attn ($((SECONDS - t0)) s)"
 fi
 if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
