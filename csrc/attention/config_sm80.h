@@ -19,7 +19,7 @@ namespace deepinfer_sm80::attention {
 // 8 warps of 16 x 16 (64 heads) / 16 x 8 (32 heads): prefill +8% / +10%, decode batch 128
 // +5% / +6% (docs/attention.md). The online softmax stays block-wide (all 8 warps): a
 // per-warp softmax in the 4 score warps was measured slower (prefill 64 heads -13%).
-using CfgH64 = TileConfig<64, 32, 8, 2, 2, 2, 2>;
+using CfgH64 = TileConfig<64, 32, 8, 4, 2, 2, 2>;
 using CfgH32 = TileConfig<32, 32, 8, 2, 2, 1, 2>;
 
 constexpr int kSmemCapSm80 = 163 * 1024;

@@ -81,62 +81,58 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
   }
 
-  // ---- tile loader: 8 threads per key row. Thread (lr = tid / 8, lq = tid % 8) resolves
-  // row lr of a tile (one index load, one block division for the paged cache) one tile
-  // before it issues that row's copies: chunks lq, lq + 8, ... of the row, so that the
-  // source and the swizzled destination are a per-thread base plus compile-time offsets
+  // ---- tile loader: 8 threads per key row. Thread (lr = tid / 8, lq = tid % 8) loads the
+  // index of row lr of a tile one iteration before it issues that row's copies (so the
+  // index latency never stalls the warp), then resolves the source (one block division for
+  // the paged cache) and copies chunks lq, lq + 8, ... of the row: source and swizzled
+  // destination are a per-thread base plus compile-time offsets
   // ((lq + 8i) ^ (lr & 7) == 8i + (lq ^ (lr & 7))).
   static_assert(NT == 8 * BK, "loader: 8 threads per key row");
   const int lr = tid >> 3, lq = tid & 7;
-  const uint8_t* nrow = nullptr;    // source row of the next tile (nullptr: invalid or past the list)
-  const uint8_t* nscale = nullptr;  // fp8: its 8 scale bytes
+  int nidx = -1;  // index of row lr of the next tile (-1: invalid or past the list)
   auto fetch_row = [&](int j) {
     const int k = k_begin + j * BK + lr;
-    const uint8_t* row = nullptr;
+    int idx = -1;
     if (k < k_end) {
       const bool second = k >= len0;  // sources as fields, not a dynamically indexed array
       const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
       const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
-      const int idx = ind[tok * istride + (second ? k - len0 : k)];
-      const uint8_t* base = second ? p.src[1].base : p.src[0].base;
-      if constexpr (!kFp8) {
-        const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
-        const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
-        if (idx >= 0 && idx < rows) row = base + static_cast<int64_t>(idx) * rstride;
-      } else {
-        if (idx >= 0) {
-          const int bs = second ? p.src[1].block_size : p.src[0].block_size;
-          const int64_t bstride = second ? p.src[1].block_stride : p.src[0].block_stride;
-          const int blk = idx / bs, off = idx - blk * bs;
-          const uint8_t* block = base + static_cast<int64_t>(blk) * bstride;
-          row = block + off * kDataBytes;
-          nscale = block + bs * kDataBytes + off * kScaleBytes;
-        }
-      }
+      idx = ind[tok * istride + (second ? k - len0 : k)];
     }
-    nrow = row;
+    nidx = idx;
   };
   auto issue_tile = [&](int j) {
     const int st = j % STAGES;
-    const bool ok = nrow != nullptr;
+    const bool second = k_begin + j * BK + lr >= len0;
+    const uint8_t* base = second ? p.src[1].base : p.src[0].base;
     const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies (src size 0)
     if constexpr (!kFp8) {
+      const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
+      const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
+      const bool ok = nidx >= 0 && nidx < rows;
+      const uint8_t* row = base + static_cast<int64_t>(ok ? nidx : 0) * rstride;
       const uint32_t dst = s_base + L::kv + st * Cfg::kTileBytes + lr * 1024 + ((lq ^ (lr & 7)) << 4);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        ptx::cp_async_16(dst + i * 128, ok ? nrow + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+        ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
       if (lq == 0) s_valid[st * BK + lr] = ok;
     } else {
+      const bool ok = nidx >= 0;
+      const int bs = second ? p.src[1].block_size : p.src[0].block_size;
+      const int64_t bstride = second ? p.src[1].block_stride : p.src[0].block_stride;
+      const int blk = ok ? nidx / bs : 0, off = ok ? nidx - blk * bs : 0;
+      const uint8_t* block = base + static_cast<int64_t>(blk) * bstride;
+      const uint8_t* row = block + off * kDataBytes;
       // 36 data chunks: lq + 8i for i < 4, and 32 + lq for lq < 4; the scale word: lq == 4
       const uint32_t dst = s_base + L::raw + st * Cfg::kRawBytes + lr * kDataBytes + lq * 16;
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        ptx::cp_async_16(dst + i * 128, ok ? nrow + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+        ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
       if (lq < 4) {
-        ptx::cp_async_16(dst + 512, ok ? nrow + lq * 16 + 512 : zero_src, ok ? 16 : 0);
+        ptx::cp_async_16(dst + 512, ok ? row + lq * 16 + 512 : zero_src, ok ? 16 : 0);
       } else if (lq == 4) {
         ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + lr * kScaleBytes,
-                        ok ? nscale : zero_src, ok ? 8 : 0);
+                        ok ? block + bs * kDataBytes + off * kScaleBytes : zero_src, ok ? 8 : 0);
         s_valid[st * BK + lr] = ok;
       }
     }
