@@ -7,7 +7,7 @@
 
 namespace deepinfer_sm80::attention {
 
-using CfgH16 = TileConfig<16, 32, 8, 1, 2, 1, 2>;
+using CfgH16 = TileConfig<16, 32, 8, 2, 2, 2, 4>;
 using CfgH8 = TileConfig<8, 32, 8, 1, 2, 1, 2>;
 
 constexpr int kSmemCapSm86 = 99 * 1024;

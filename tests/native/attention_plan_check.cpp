@@ -33,10 +33,10 @@ int main() {
   // shared memory of each configuration (docs/attention.md table)
   CHECK(plan::info(TileConfigId::kH64, false).smem_bytes == 155648);
   CHECK(plan::info(TileConfigId::kH64, true).smem_bytes == 160256);
-  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 111744);
-  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 116352);
-  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 89792);
-  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 94400);
+  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 121984);
+  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 126592);
+  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 95936);
+  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 100544);
   CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 77280);
   CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81888);
   // 8-head tiles keep two resident blocks per A100 SM (164 KB per SM, 1 KB reserved per block)
