@@ -266,53 +266,35 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 #pragma unroll
             for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
       }
-      // head-major slice buffer: element (key, head) at head * S_STRIDE + key
-      float* sbuf = s_scores + kgrp * HG * Cfg::S_STRIDE;
+      float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
 #pragma unroll
       for (int a = 0; a < KMW; ++a)
 #pragma unroll
         for (int n = 0; n < NTW; ++n) {
-          float* col = sbuf + ((hn0 + n) * 8 + 2 * t) * Cfg::S_STRIDE + (km0 + a) * 16 + g;
-          col[0] = sacc[0][a][n][0] * p.scale_log2;
-          col[Cfg::S_STRIDE] = sacc[0][a][n][1] * p.scale_log2;
-          col[8] = sacc[0][a][n][2] * p.scale_log2;
-          col[Cfg::S_STRIDE + 8] = sacc[0][a][n][3] * p.scale_log2;
+          const int col = (hn0 + n) * 8 + 2 * t;
+          const int row = (km0 + a) * 16 + g;
+          *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
+          *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
     }
     __syncthreads();
 
-    // ---- online softmax, one head per TPH threads, RPT consecutive keys per thread; a
-    // key's score is the sum of the KSPLIT slice buffers (read as vectors, kept in
-    // registers for both passes); validity of the tile's keys is one ballot per warp
+    // ---- online softmax, one head per TPH threads; a key's score is the sum of the
+    // KSPLIT slice buffers (read once, kept in registers for both passes)
     {
-      static_assert(BK == 32, "validity: one key per lane");
+      const int* valid = s_valid + st * BK;
       constexpr int RPT = BK / TPH;  // keys per thread
-      const uint32_t vmask = __ballot_sync(0xffffffffu, s_valid[st * BK + lane] != 0);
-      const int r0 = sm_part * RPT;
       float sv[RPT];
-#pragma unroll
-      for (int kg = 0; kg < Cfg::KSPLIT; ++kg) {
-        const float* src = s_scores + (kg * HG + sm_head) * Cfg::S_STRIDE + r0;
-        float v[RPT];
-        if constexpr (RPT % 4 == 0) {
-#pragma unroll
-          for (int q = 0; q < RPT; q += 4) {
-            const float4 f = *reinterpret_cast<const float4*>(src + q);
-            v[q] = f.x; v[q + 1] = f.y; v[q + 2] = f.z; v[q + 3] = f.w;
-          }
-        } else if constexpr (RPT == 2) {
-          const float2 f = *reinterpret_cast<const float2*>(src);
-          v[0] = f.x; v[1] = f.y;
-        } else {
-          v[0] = src[0];
-        }
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) sv[q] = kg == 0 ? v[q] : sv[q] + v[q];
-      }
       float mx = -INFINITY;
 #pragma unroll
       for (int q = 0; q < RPT; ++q) {
-        if (!((vmask >> (r0 + q)) & 1u)) sv[q] = -INFINITY;
+        const int r = sm_part + q * TPH;
+        float v = s_scores[r * Cfg::S_STRIDE + sm_head];
+#pragma unroll
+        for (int kg = 1; kg < Cfg::KSPLIT; ++kg) v += s_scores[(kg * BK + r) * Cfg::S_STRIDE + sm_head];
+        sv[q] = valid[r] ? v : -INFINITY;
         mx = fmaxf(mx, sv[q]);
       }
 #pragma unroll
@@ -322,30 +304,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       // weight too and raised the prefill error vs fp32 from <= 1.9e-3 to 2.1e-3.)
       const float m_new = fmaxf(m_run, mx);
       float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
-      __nv_bfloat16 pb[RPT];
 #pragma unroll
       for (int q = 0; q < RPT; ++q) {
+        const int r = sm_part + q * TPH;
         const float pr = sv[q] != -INFINITY ? exp2f(sv[q] - m_new) : 0.f;
-        pb[q] = __float2bfloat16_rn(pr);
-        sum += __bfloat162float(pb[q]);
+        const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
+        s_probs[sm_head * Cfg::P_STRIDE + r] = pb;
+        sum += __bfloat162float(pb);
         sum_x += pr;
-      }
-      __nv_bfloat16* pdst = s_probs + sm_head * Cfg::P_STRIDE + r0;  // RPT * 2 bytes, aligned
-      if constexpr (RPT >= 2) {
-        uint32_t w[RPT / 2];  // bf16 pairs, low half = lower key
-#pragma unroll
-        for (int q = 0; q < RPT / 2; ++q)
-          w[q] = static_cast<uint32_t>(__bfloat16_as_ushort(pb[2 * q])) |
-                 (static_cast<uint32_t>(__bfloat16_as_ushort(pb[2 * q + 1])) << 16);
-        if constexpr (RPT == 8) {
-          *reinterpret_cast<uint4*>(pdst) = make_uint4(w[0], w[1], w[2], w[3]);
-        } else if constexpr (RPT == 4) {
-          *reinterpret_cast<uint2*>(pdst) = make_uint2(w[0], w[1]);
-        } else {
-          *reinterpret_cast<uint32_t*>(pdst) = w[0];
-        }
-      } else {
-        pdst[0] = pb[0];
       }
 #pragma unroll
       for (int o = TPH / 2; o > 0; o >>= 1) {

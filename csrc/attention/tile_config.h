@@ -28,10 +28,9 @@ struct TileConfig {
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
-  // fp32 scores [KSPLIT][HG][S_STRIDE], head-major: a softmax thread reads its keys as
-  // 16-byte vectors; rows padded by 4 floats (the fragment stores and the vector reads are
-  // then free of bank conflicts)
-  static constexpr int S_STRIDE = BK + 4;
+  // fp32 scores [KSPLIT][BK][S_STRIDE]; 8-head tiles pad by 2 only, so that with two
+  // slices the fp8 layout still fits two blocks in an A100 SM (2 x (81888 + 1024) B <= 164 KB)
+  static constexpr int S_STRIDE = HG + (HG >= 16 ? 8 : 2);
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
 
   static_assert(HG % 8 == 0 && BK % 16 == 0, "tile shape");
@@ -55,7 +54,7 @@ struct TileConfig {
     static constexpr int raw = kv + kv_tiles * kTileBytes;
     static constexpr int raw_scale = raw + (kFp8 ? STAGES * kRawBytes : 0);
     static constexpr int scores = raw_scale + (kFp8 ? STAGES * kRawScaleBytes : 0);
-    static constexpr int probs = scores + KSPLIT * HG * S_STRIDE * 4;
+    static constexpr int probs = scores + KSPLIT * BK * S_STRIDE * 4;
     static constexpr int valid = probs + HG * P_STRIDE * 2;
     static constexpr int alpha = valid + STAGES * BK * 4;
     static constexpr int stat_m = alpha + HG * 4;

@@ -33,12 +33,12 @@ int main() {
   // shared memory of each configuration (docs/attention.md table)
   CHECK(plan::info(TileConfigId::kH64, false).smem_bytes == 155648);
   CHECK(plan::info(TileConfigId::kH64, true).smem_bytes == 160256);
-  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 119936);
-  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 124544);
-  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 92864);
-  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 97472);
-  CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 77024);
-  CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81632);
+  CHECK(plan::info(TileConfigId::kH32, false).smem_bytes == 121984);
+  CHECK(plan::info(TileConfigId::kH32, true).smem_bytes == 126592);
+  CHECK(plan::info(TileConfigId::kH16, false).smem_bytes == 95936);
+  CHECK(plan::info(TileConfigId::kH16, true).smem_bytes == 100544);
+  CHECK(plan::info(TileConfigId::kH8, false).smem_bytes == 77280);
+  CHECK(plan::info(TileConfigId::kH8, true).smem_bytes == 81888);
   // 8-head tiles keep two resident blocks per A100 SM (164 KB per SM, 1 KB reserved per block)
   CHECK(2 * (plan::info(TileConfigId::kH8, true).smem_bytes + 1024) <= 164 * 1024);
   for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
