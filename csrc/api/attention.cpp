@@ -53,13 +53,23 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
   return id;
 }
 
-// $DEEPINFER_ATTN_NARROW=0 turns the narrowing of plan::decode_config off (for measurements).
+// Measurement knobs (read once): $DEEPINFER_ATTN_NARROW=0 turns the narrowing of
+// plan::decode_config off; $DEEPINFER_ATTN_DECODE_HEADS=8|16|32|64 forces the decode
+// configuration with that many heads per block when it fits the shared-memory cap.
 TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
                                   int smem_cap) {
   static const bool narrow = [] {
     const char* e = std::getenv("DEEPINFER_ATTN_NARROW");
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
+  static const int forced_heads = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_DECODE_HEADS");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
+    const LaunchInfo li = plan::info(id, true);
+    if (li.heads_per_block == forced_heads && li.smem_bytes <= smem_cap) return id;
+  }
   return plan::decode_config(choose_config(heads, true, smem_cap), tokens, heads, capacity, sms,
                              narrow);
 }

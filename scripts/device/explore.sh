@@ -15,6 +15,7 @@
 #   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
+#   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
 #   all           tests, bench, profile
 #   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
 set -uo pipefail
@@ -78,6 +79,13 @@ if [ "$MODE" = profile-full ]; then  # every memory / scheduler section for gath
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats $PY bench/profile_gather.py > "$OUT/ncu_gather_full.txt" 2>&1
   grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_gather_full.txt" | grep -v "^    -" | cut -c1-120 | head -150
+fi
+if [ "$MODE" = b1 ]; then  # batch-1 decode: split sweep per forced head group
+  for hg in ${B1_HEADS:-8 16 32}; do
+    DEEPINFER_ATTN_DECODE_HEADS=$hg timeout 120 $PY bench/explore_attention.py --tag "b1-h$hg" --b1-only \
+      --smem-cap 166912 > "$OUT/explore_attention_b1_h$hg.log" 2>&1 || rc=1
+    grep -v "^\[" "$OUT/explore_attention_b1_h$hg.log" | grep '"heads": 64' | cut -c1-160
+  done
 fi
 if [ "$MODE" = profile-attn ]; then
   t0=$SECONDS
