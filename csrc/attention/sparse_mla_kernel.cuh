@@ -4,7 +4,9 @@
 //   bf16 source (prefill): cp.async of 1 KB rows straight into the swizzled tile;
 //   fp8 source (decode):   cp.async of the raw 584-byte records, then an exact in-block
 //                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile.
-// Per tile:  S^T = K Q^T   (mma m16n8k16: keys on m16, heads on n8)  -> smem (fp32)
+// Keys are loaded by 8 threads per key row, one tile ahead, their indices one more tile ahead.
+// Per tile:  S^T = K Q^T   (mma m16n8k16: keys on m16, heads on n8; KSPLIT warps per warp
+//                          tile, one slice of the head dims each) -> smem (fp32, per slice)
 //            online softmax per head (log2 domain) -> P (bf16) in smem, rescale factors
 //            O^T += V^T P^T (mma m16n8k16: head dims on m16, heads on n8, V = K tile)
 // End: out = O / (l + 2^(sink*log2e - m)) and lse, or (m, l, O) partials for combine.
