@@ -305,17 +305,23 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
         torch.cuda.empty_cache()
 
 
+def reference_row(report: common.Report, kernel: str, shape: str, impl: str, nbytes: int,
+                  t: common.Timing, copy_gbps: float) -> None:
+    """One context row (a copy measured next to the kernels): time, GB/s, % of the ceiling."""
+    bw = common.gbps(nbytes, t.median_us)
+    report.add(kernel=kernel, shape=shape, impl=impl, median_us=t.median_us,
+               iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw, pct_copy=100.0 * bw / copy_gbps,
+               timing=t.as_dict())
+    print(f"{kernel[:7]} {shape:>16} {impl[:18]}: {t.median_us:8.2f} us  {bw:7.0f} GB/s "
+          f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+
+
 def same_bytes_row(report: common.Report, kernel: str, shape: str, nbytes: int,
                    copy_gbps: float) -> None:
     """Reference row: an elementwise copy kernel moving the same bytes (half read, half
     written), graph-replayed like the kernels: the copy ceiling at this size."""
-    t = common.same_bytes_copy_time(nbytes)
-    bw = common.gbps(nbytes, t.median_us)
-    report.add(kernel=kernel, shape=shape, impl="copy, same bytes", median_us=t.median_us,
-               iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw, pct_copy=100.0 * bw / copy_gbps,
-               timing=t.as_dict())
-    print(f"{kernel[:7]} {shape:>16} copy, same bytes: {t.median_us:8.2f} us  {bw:7.0f} GB/s "
-          f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+    reference_row(report, kernel, shape, "copy, same bytes", nbytes,
+                  common.same_bytes_copy_time(nbytes), copy_gbps)
 
 
 def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float) -> None:
@@ -328,14 +334,9 @@ def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float)
     except Exception as e:  # triton missing or failing: the row is context, not a result
         report.check(f"gather {shape}: same-mix copy row", False, f"{type(e).__name__}: {e}")
         return
-    nbytes = rows * (ENTRY_BYTES + 2 * HEAD)
-    bw = common.gbps(nbytes, t.median_us)
-    report.add(kernel="dequantize_and_gather_k_cache", shape=shape,
-               impl="copy, same read:write mix (584 B in, 1024 B out per row)",
-               median_us=t.median_us, iqr_us=f"{t.p25_us:.2f}-{t.p75_us:.2f}", gbps=bw,
-               pct_copy=100.0 * bw / copy_gbps, timing=t.as_dict())
-    print(f"gather  {shape:>16} copy, same mix:   {t.median_us:8.2f} us  {bw:7.0f} GB/s "
-          f"({100 * bw / copy_gbps:5.1f}% of copy)", flush=True)
+    reference_row(report, "dequantize_and_gather_k_cache", shape,
+                  "copy, same read:write mix (584 B in, 1024 B out per row)",
+                  rows * (ENTRY_BYTES + 2 * HEAD), t, copy_gbps)
 
 
 def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:

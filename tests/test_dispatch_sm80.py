@@ -42,11 +42,7 @@ def _refused(decision: Any, *words: str) -> bool:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip("vLLM's pure-Python dependencies are not installed "
-                    f"({', '.join(missing)}); run `make venv-torch` or "
-                    "`pip install -e '.[vllm-cpu-deps]'`")
+    harness.skip_without_dependencies()
     return harness.prepare_trees(tmp_path_factory)
 
 

@@ -49,11 +49,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def deps() -> None:
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip("vLLM's pure-Python dependencies are not installed "
-                    f"({', '.join(missing)}); run `make venv-torch` or "
-                    "`pip install -e '.[vllm-cpu-deps]'`")
+    harness.skip_without_dependencies()
 
 
 # ------------------------------------------------------------------ identity (no tree)

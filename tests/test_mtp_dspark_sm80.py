@@ -144,11 +144,7 @@ if "pytest" in sys.modules:
 
     @pytest.fixture(scope="module")
     def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-        missing = harness.missing_dependencies()
-        if missing:
-            pytest.skip("vLLM's pure-Python dependencies are not installed "
-                        f"({', '.join(missing)}); run `make venv-torch` or "
-                        "`pip install -e '.[vllm-cpu-deps]'`")
+        harness.skip_without_dependencies()
         return harness.prepare_trees(tmp_path_factory)
 
     @pytest.fixture(scope="module")

@@ -122,6 +122,18 @@ def run_probes(tree: Path, capabilities: list[str], *, installed: Path | None = 
     return json.loads(lines[-1])
 
 
+def skip_without_dependencies() -> None:
+    """pytest.skip, naming the install step, when vLLM's pure-Python dependencies are
+    missing (the tests that import the real tree need them)."""
+    missing = missing_dependencies()
+    if missing:
+        import pytest
+
+        pytest.skip("vLLM's pure-Python dependencies are not installed "
+                    f"({', '.join(missing)}); run `make venv-torch` or "
+                    "`pip install -e '.[vllm-cpu-deps]'`")
+
+
 _TREES: dict[str, Path] = {}
 
 

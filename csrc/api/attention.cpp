@@ -66,9 +66,11 @@ TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacit
     const char* e = std::getenv("DEEPINFER_ATTN_DECODE_HEADS");
     return e != nullptr ? std::atoi(e) : 0;
   }();
-  for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
-    const LaunchInfo li = plan::info(id, true);
-    if (li.heads_per_block == forced_heads && li.smem_bytes <= smem_cap) return id;
+  if (forced_heads > 0) {
+    for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
+      const LaunchInfo li = plan::info(id, true);
+      if (li.heads_per_block == forced_heads && li.smem_bytes <= smem_cap) return id;
+    }
   }
   return plan::decode_config(choose_config(heads, true, smem_cap), tokens, heads, capacity, sms,
                              narrow);
