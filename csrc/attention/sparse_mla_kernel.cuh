@@ -4,7 +4,8 @@
 //   bf16 source (prefill): cp.async of 1 KB rows straight into the swizzled tile;
 //   fp8 source (decode):   cp.async of the raw 584-byte records, then an exact in-block
 //                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile.
-// Keys are loaded by 8 threads per key row, one tile ahead, their indices one more tile ahead.
+// Keys are loaded one tile ahead, their indices one more tile ahead, by the warps that the
+// score MMA leaves idle (8 threads per key row), while the score warps compute.
 // Per tile:  S^T = K Q^T   (mma m16n8k16: keys on m16, heads on n8; KSPLIT warps per warp
 //                          tile, one slice of the head dims each) -> smem (fp32, per slice)
 //            online softmax per head (log2 domain) -> P (bf16) in smem, rescale factors
@@ -21,6 +22,21 @@
 #include "tile_config.h"
 
 namespace deepinfer_sm80::attention {
+
+// Measurement build only (-DDEEPINFER_ATTN_PHASE_CLOCKS, bench/phase_clocks.py): per-phase
+// SM cycles of two threads (a score warp and a non-score warp) of a few blocks, printed.
+#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
+#define PHASE_MARK(k)                                  \
+  do {                                                 \
+    const long long now_ = clock64();                  \
+    ph_cyc[k] += now_ - ph_t;                          \
+    ph_t = now_;                                       \
+  } while (0)
+#else
+#define PHASE_MARK(k) \
+  do {                \
+  } while (0)
+#endif
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -54,6 +70,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
+  long long ph_cyc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const long long ph_start = clock64();
+  long long ph_t = ph_start;
+#endif
   const int groups = (p.num_heads + HG - 1) / HG;
   int bid = blockIdx.x;
   const int hgi = bid % groups;
@@ -83,71 +104,88 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     }
   }
 
-  // ---- tile loader: 8 threads per key row. Thread (lr = tid / 8, lq = tid % 8) loads the
-  // index of row lr of a tile one iteration before it issues that row's copies (so the
-  // index latency never stalls the warp), then resolves the source (one block division for
-  // the paged cache) and copies chunks lq, lq + 8, ... of the row: source and swizzled
-  // destination are a per-thread base plus compile-time offsets
+  // ---- tile loader: the warps that the score MMA leaves idle (S_WARPS..NWARPS-1) copy the
+  // next tile while the score warps compute, so the copies' issue is off the critical path
+  // (measured per phase with bench/phase_clocks.py: issuing all copies right after the
+  // tile barrier cost ~700 of ~4,400 cycles per 64-head tile). 8 loader threads per key
+  // row, LRPT rows each: thread (lr0 = ltid / 8, lq = ltid % 8) serves rows
+  // lr0 + LROWS * r. It loads a row's index one iteration before it issues the row's copies
+  // (so the index latency never stalls the warp), then resolves the source (one block
+  // division for the paged cache) and copies chunks lq, lq + 8, ... of the row: source and
+  // swizzled destination are a per-thread base plus compile-time offsets
   // ((lq + 8i) ^ (lr & 7) == 8i + (lq ^ (lr & 7))).
-  static_assert(NT == 8 * BK, "loader: 8 threads per key row");
-  const int lr = tid >> 3, lq = tid & 7;
-  int nidx = -1;  // index of row lr of the next tile (-1: invalid or past the list)
-  auto fetch_row = [&](int j) {
-    const int k = k_begin + j * BK + lr;
-    int idx = -1;
-    if (k < k_end) {
-      const bool second = k >= len0;  // sources as fields, not a dynamically indexed array
-      const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
-      const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
-      idx = ind[tok * istride + (second ? k - len0 : k)];
+  constexpr int LTHREADS = NT - Cfg::S_WARPS * 32;
+  constexpr int LROWS = LTHREADS / 8;  // rows served at once
+  constexpr int LRPT = BK / LROWS;     // rows per loader thread
+  static_assert(LTHREADS > 0 && LTHREADS % 8 == 0 && BK % LROWS == 0, "loader warps");
+  const bool loader = warp >= Cfg::S_WARPS;
+  const int ltid = tid - Cfg::S_WARPS * 32;
+  const int lr0 = ltid >> 3, lq = tid & 7;
+  int nidx[LRPT];  // indices of the thread's rows of the next tile (-1: invalid or past the list)
+  auto fetch_rows = [&](int j) {
+#pragma unroll
+    for (int r = 0; r < LRPT; ++r) {
+      const int k = k_begin + j * BK + lr0 + r * LROWS;
+      int idx = -1;
+      if (k < k_end) {
+        const bool second = k >= len0;  // sources as fields, not a dynamically indexed array
+        const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
+        const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
+        idx = ind[tok * istride + (second ? k - len0 : k)];
+      }
+      nidx[r] = idx;
     }
-    nidx = idx;
   };
   auto issue_tile = [&](int j) {
     const int st = j % STAGES;
-    const bool second = k_begin + j * BK + lr >= len0;
-    const uint8_t* base = second ? p.src[1].base : p.src[0].base;
     const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies (src size 0)
-    if constexpr (!kFp8) {
-      const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
-      const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
-      const bool ok = nidx >= 0 && nidx < rows;
-      const uint8_t* row = base + static_cast<int64_t>(ok ? nidx : 0) * rstride;
-      const uint32_t dst = s_base + L::kv + st * Cfg::kTileBytes + lr * 1024 + ((lq ^ (lr & 7)) << 4);
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
-      if (lq == 0) s_valid[st * BK + lr] = ok;
-    } else {
-      const bool ok = nidx >= 0;
-      const int bs = second ? p.src[1].block_size : p.src[0].block_size;
-      const int64_t bstride = second ? p.src[1].block_stride : p.src[0].block_stride;
-      const int blk = ok ? nidx / bs : 0, off = ok ? nidx - blk * bs : 0;
-      const uint8_t* block = base + static_cast<int64_t>(blk) * bstride;
-      const uint8_t* row = block + off * kDataBytes;
-      // 36 data chunks: lq + 8i for i < 4, and 32 + lq for lq < 4; the scale word: lq == 4
-      const uint32_t dst = s_base + L::raw + st * Cfg::kRawBytes + lr * kDataBytes + lq * 16;
+    for (int r = 0; r < LRPT; ++r) {
+      const int lr = lr0 + r * LROWS;
+      const bool second = k_begin + j * BK + lr >= len0;
+      const uint8_t* base = second ? p.src[1].base : p.src[0].base;
+      if constexpr (!kFp8) {
+        const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
+        const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
+        const bool ok = nidx[r] >= 0 && nidx[r] < rows;
+        const uint8_t* row = base + static_cast<int64_t>(ok ? nidx[r] : 0) * rstride;
+        const uint32_t dst =
+            s_base + L::kv + st * Cfg::kTileBytes + lr * 1024 + ((lq ^ (lr & 7)) << 4);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
-      if (lq < 4) {
-        ptx::cp_async_16(dst + 512, ok ? row + lq * 16 + 512 : zero_src, ok ? 16 : 0);
-      } else if (lq == 4) {
-        ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + lr * kScaleBytes,
-                        ok ? block + bs * kDataBytes + off * kScaleBytes : zero_src, ok ? 8 : 0);
-        s_valid[st * BK + lr] = ok;
+        for (int i = 0; i < 8; ++i)
+          ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+        if (lq == 0) s_valid[st * BK + lr] = ok;
+      } else {
+        const bool ok = nidx[r] >= 0;
+        const int bs = second ? p.src[1].block_size : p.src[0].block_size;
+        const int64_t bstride = second ? p.src[1].block_stride : p.src[0].block_stride;
+        const int blk = ok ? nidx[r] / bs : 0, off = ok ? nidx[r] - blk * bs : 0;
+        const uint8_t* block = base + static_cast<int64_t>(blk) * bstride;
+        const uint8_t* row = block + off * kDataBytes;
+        // 36 data chunks: lq + 8i for i < 4, and 32 + lq for lq < 4; the scale word: lq == 4
+        const uint32_t dst = s_base + L::raw + st * Cfg::kRawBytes + lr * kDataBytes + lq * 16;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
+        if (lq < 4) {
+          ptx::cp_async_16(dst + 512, ok ? row + lq * 16 + 512 : zero_src, ok ? 16 : 0);
+        } else if (lq == 4) {
+          ptx::cp_async_8(s_base + L::raw_scale + st * Cfg::kRawScaleBytes + lr * kScaleBytes,
+                          ok ? block + bs * kDataBytes + off * kScaleBytes : zero_src, ok ? 8 : 0);
+          s_valid[st * BK + lr] = ok;
+        }
       }
     }
   };
 
   // ---- prologue: Q joins the first group; the rows of the next tile resolved
   static_assert(STAGES == 2, "the loader pipelines one tile ahead");
-  if (num_tiles > 0) {
-    fetch_row(0);
+  if (loader && num_tiles > 0) {
+    fetch_rows(0);
     issue_tile(0);
   }
   ptx::cp_async_commit();
-  if (num_tiles > 1) fetch_row(1);
+  if (loader && num_tiles > 1) fetch_rows(1);
 
   float acc[DM][HN][4];
 #pragma unroll
@@ -162,14 +200,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
   const int g = lane >> 2, t = lane & 3;
 
+  PHASE_MARK(7);
   for (int j = 0; j < num_tiles; ++j) {
     ptx::cp_async_wait<0>();
     __syncthreads();
-    if (j + 1 < num_tiles) issue_tile(j + 1);
-    ptx::cp_async_commit();
-    if (j + 2 < num_tiles) fetch_row(j + 2);
+    PHASE_MARK(0);
     const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
+    const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
     if constexpr (kFp8) {
       // raw records of stage st -> bf16 tile (exact). Thread (lr, lq) converts output chunks
       // lq + 8i of row lr: i < 7 NoPE codes 8c..8c+7 of scale group i, i == 7 the RoPE chunk.
@@ -198,6 +236,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         *reinterpret_cast<uint4*>(trow + i * 128) = v;
       }
       __syncthreads();
+      PHASE_MARK(1);
     } else {
       kt += st * Cfg::kTileBytes;
     }
@@ -280,8 +319,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
               make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
+    } else {
+      // the loader warps: next tile's copies, then the indices of the one after
+      if (j + 1 < num_tiles) issue_tile(j + 1);
+      if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
+    ptx::cp_async_commit();
+    PHASE_MARK(2);
     __syncthreads();
+    PHASE_MARK(3);
 
     // ---- online softmax, one head per TPH threads; a key's score is the sum of the
     // KSPLIT slice buffers (read once, kept in registers for both passes)
@@ -326,7 +372,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       m_run = m_new;
       if (sm_part == 0) s_alpha[sm_head] = alpha;
     }
+    PHASE_MARK(4);
     __syncthreads();
+    PHASE_MARK(5);
 
     // ---- O^T[dim][head] += V^T P^T
     {
@@ -378,8 +426,18 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         }
       }
     }
+    PHASE_MARK(6);
   }
   ptx::cp_async_wait<0>();
+#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
+  if ((tid == 0 || tid == 32 * (NT / 32 - 1)) && (blockIdx.x % 997 == 5)) {
+    const long long tot = clock64() - ph_start;
+    printf("PHASE HG=%d fp8=%d blk=%d warp=%d tiles=%d total=%lld pro=%lld wait=%lld deq=%lld "
+           "score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld\n",
+           HG, kFp8 ? 1 : 0, blockIdx.x, warp, num_tiles, tot, ph_cyc[7], ph_cyc[0], ph_cyc[1],
+           ph_cyc[2], ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6]);
+  }
+#endif
 
   // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
   // or the split partials) from registers; s_m / s_l serve the normalisation of O.

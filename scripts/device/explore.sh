@@ -16,10 +16,13 @@
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
+#   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
+#                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
 #   all           tests, bench, profile
 #   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
 set -uo pipefail
 MODE=${1:-all}
+[ "$MODE" = phases ] && export NVCC_APPEND_FLAGS="-DDEEPINFER_ATTN_PHASE_CLOCKS"
 source "$(dirname "$0")/bundle_env.sh" explore
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   t0=$SECONDS
@@ -86,6 +89,10 @@ if [ "$MODE" = b1 ]; then  # batch-1 decode: split sweep per forced head group
       --smem-cap 166912 > "$OUT/explore_attention_b1_h$hg.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_b1_h$hg.log" | grep '"heads": 64' | cut -c1-160
   done
+fi
+if [ "$MODE" = phases ]; then
+  timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks.log" 2>&1 || rc=1
+  cat "$OUT/phase_clocks.log" | cut -c1-260
 fi
 if [ "$MODE" = profile-attn ]; then
   t0=$SECONDS
