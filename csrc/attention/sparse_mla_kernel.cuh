@@ -351,11 +351,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       // exactly 1 in bf16. (Measured: a lazy max, moved only past a 2^8 slack, rounds that
       // weight too and raised the prefill error vs fp32 from <= 1.9e-3 to 2.1e-3.)
       const float m_new = fmaxf(m_run, mx);
+      // branch-free: a masked key (-inf) gets 2^-inf = 0; with no valid key yet (m_new = -inf)
+      // every weight is 0 against any finite reference
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
       float sum = 0.f, sum_x = 0.f;  // of the bf16 weights used / of the exact weights
 #pragma unroll
       for (int q = 0; q < RPT; ++q) {
         const int r = sm_part + q * TPH;
-        const float pr = sv[q] != -INFINITY ? exp2f(sv[q] - m_new) : 0.f;
+        const float pr = ptx::ex2(sv[q] - m_ref);
         const __nv_bfloat16 pb = __float2bfloat16_rn(pr);
         s_probs[sm_head * Cfg::P_STRIDE + r] = pb;
         sum += __bfloat162float(pb);
@@ -366,7 +369,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
         sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
       }
-      const float alpha = (m_run == m_new) ? 1.f : exp2f(m_run - m_new);
+      const float alpha = (m_run == m_new) ? 1.f : ptx::ex2(m_run - m_ref);
       l_run = l_run * alpha + sum;
       lx_run = lx_run * alpha + sum_x;
       m_run = m_new;
