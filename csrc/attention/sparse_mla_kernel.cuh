@@ -215,6 +215,18 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
                                                        lr * kScaleBytes);
       uint8_t* trow = smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4);
+      if (fp8::row_scales_bf16_route(sc)) {
+        // straight-line: all loads, then the conversions, then the stores
+        uint2 w[kNopeDim / 64];
+#pragma unroll
+        for (int i = 0; i < kNopeDim / 64; ++i) w[i] = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+        const uint4 rope = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
+#pragma unroll
+        for (int i = 0; i < kNopeDim / 64; ++i)
+          *reinterpret_cast<uint4*>(trow + i * 128) =
+              fp8::e4m3x8_bf16_route(w[i], ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
+        *reinterpret_cast<uint4*>(trow + 7 * 128) = rope;
+      } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         uint4 v;
@@ -234,6 +246,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           v = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
         }
         *reinterpret_cast<uint4*>(trow + i * 128) = v;
+      }
       }
       __syncthreads();
       PHASE_MARK(1);

@@ -9,7 +9,8 @@
 #                 "default" one also sweeps batch-1 split counts), bench_cache with
 #                 baselines, bench_cache --ours-only for each gather knob set in GATHER_SWEEP
 #                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>)
-#   attention     attention tests + sweep for each ATTN_SWEEP entry
+#   attention     attention tests + sweep for each ATTN_SWEEP entry (B1=1: the default one
+#                 also sweeps batch-1 split counts)
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
 #   profile-full  the same with every memory / scheduler section
 #   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
@@ -43,7 +44,8 @@ if [ "$MODE" = attention ]; then  # one attention A/B: ATTN_SWEEP variants, test
     env ${envs//,/ } timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
       > "$OUT/tests-attention-$name.log" 2>&1 || rc=1
     echo "attention tests ($name): $(tail -1 "$OUT/tests-attention-$name.log")"
-    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" --smem-cap 166912 \
+    extra=""; [ "$name" = default ] && [ -n "${B1:-}" ] && extra="--b1"
+    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" $extra --smem-cap 166912 \
       --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done

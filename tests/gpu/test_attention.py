@@ -195,6 +195,55 @@ def test_decode_forced_splits(splits):
                  big_slots=False, sink_kind="finite", cap=0, splits=splits)
 
 
+# Scale bytes of the in-block dequantisation routes (csrc/attention/detail/fp8_record.cuh):
+# a row whose 7 bytes all lie in 10..134 takes the bf16x2 route, any other row the per-chunk
+# fp32 routes (one step for bytes <= 134, scale multiply above).
+_ROUTE_SCALES = {
+    "fp32-one-step": [9] * 7,
+    "bf16-low": [10] * 7,
+    "bf16-high": [134] * 7,
+    "fp32-scaled": [136] * 7,
+    "mixed-low": [9, 10, 11, 9, 10, 11, 10],
+    "mixed-high": [133, 134, 135, 136, 134, 135, 133],
+}
+
+
+@pytest.mark.parametrize("route", list(_ROUTE_SCALES))
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_dequant_routes(route, heads):
+    """Every record of the window gets the given UE8M0 bytes and random non-NaN codes (RoPE
+    values at the same magnitude); Q is scaled by the inverse so the scores stay O(1). The
+    output must match the references, which decode the same bytes exactly."""
+    seed = _seed()
+    sbs = _ROUTE_SCALES[route]
+    t, window = 2, 128
+    swa = _cache(2 * 4)
+    swa_idx = torch.stack([torch.randperm(4 * BLOCK, device=DEV)[:window] + r * 4 * BLOCK for r in range(t)]).int()
+    flat = torch.as_strided(swa, (swa.shape[0] * STRIDE,), (1,), 0)
+    slots = swa_idx.reshape(-1).long()
+    blk, off = slots // BLOCK, slots % BLOCK
+    data = blk * STRIDE + off * 576
+    codes = torch.randint(0, 256, (slots.numel(), 448), device=DEV, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes
+    flat[data[:, None] + torch.arange(448, device=DEV)] = codes
+    mag = 2.0 ** (sum(sbs) / len(sbs) - 127)
+    rope = (torch.randn(slots.numel(), 64, device=DEV) * mag).to(torch.bfloat16)
+    flat[data[:, None] + 448 + torch.arange(128, device=DEV)] = rope.view(torch.uint8)
+    scl = blk * STRIDE + BLOCK * 576 + off * 8
+    flat[scl[:, None] + torch.arange(7, device=DEV)] = torch.tensor(sbs, dtype=torch.uint8, device=DEV)
+    q = (torch.randn(t, 1, heads, 512, device=DEV) / (64 * mag)).to(torch.bfloat16)  # scores O(1)
+    sink = torch.randn(heads, device=DEV)
+    lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((t, heads, 1), math.nan, device=DEV)
+    ops.sparse_mla_decode(q, swa, swa_idx.view(t, 1, window), lens, None, None, None, sink, SCALE, out, lse)
+    torch.cuda.synchronize()
+    args = (q, swa, swa_idx, lens, None, None, None, sink, SCALE)
+    r64, l64 = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float64)
+    r32, _ = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float32)
+    _check(out, lse, r64, r32, l64, f"decode dequant route={route} h={heads} seed={seed}")
+
+
 def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
     seed = _seed()
     q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "common/fp8_e4m3.cuh"
+
 namespace deepinfer_sm80::attention::fp8 {
 
 // 2^(byte - 127) as fp32 (byte 0 -> 2^-127, a subnormal; 255 -> inf).
@@ -54,6 +56,30 @@ __device__ __forceinline__ void e4m3x4_times_factor_to_bf16x4(uint32_t w, float 
   __nv_bfloat162 b = __floats2bfloat162_rn(f2, f3);
   lo = *reinterpret_cast<uint32_t*>(&a);
   hi = *reinterpret_cast<uint32_t*>(&b);
+}
+
+// Bf16 route for a whole key row whose 7 scale bytes all lie in 10..134 (every realistic
+// cache: scales 2^-117 .. 2^7): each pair of codes is two logic ops and one bf16x2 multiply
+// by 2^(s - 7) (common/fp8_e4m3.cuh, e4m3x4_to_bf16x4_bf16mul: exact there, so the same bits
+// as the fp32 routes above, NaN codes included, which decode to 480 * 2^(s-127) on every route).
+__device__ __forceinline__ bool row_scales_bf16_route(uint2 sc) {
+  bool ok = true;
+#pragma unroll
+  for (int g = 0; g < 7; ++g) ok &= deepinfer_sm80::e4m3_bf16mul_scale_ok(((g < 4 ? sc.x : sc.y) >> (8 * (g & 3))) & 0xFFu);
+  return ok;
+}
+
+__device__ __forceinline__ uint4 e4m3x8_bf16_route(uint2 w, uint32_t sb) {
+  const __nv_bfloat162 mult = deepinfer_sm80::e4m3_bf16mul_multiplier(sb);
+  __nv_bfloat162 a, b, c, d;
+  deepinfer_sm80::e4m3x4_to_bf16x4_bf16mul(w.x, mult, a, b);
+  deepinfer_sm80::e4m3x4_to_bf16x4_bf16mul(w.y, mult, c, d);
+  uint4 v;
+  v.x = *reinterpret_cast<uint32_t*>(&a);
+  v.y = *reinterpret_cast<uint32_t*>(&b);
+  v.z = *reinterpret_cast<uint32_t*>(&c);
+  v.w = *reinterpret_cast<uint32_t*>(&d);
+  return v;
 }
 
 }  // namespace deepinfer_sm80::attention::fp8
