@@ -338,6 +338,22 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
     ptx::cp_async_commit();
+    // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
+    // memory) so that their latency and shared-memory traffic overlap the softmax.
+    // ldmatrix.trans of the K tile: row kk*16 + (mi>>1)*8 + r7, chunk warp*DW/8 + 2*dm +
+    // (mi&1); DW is a multiple of 64, so as in the score phase the swizzle depends on
+    // (dm & 3) only.
+    uint32_t v_addr[4];
+    {
+      const int mi = lane >> 3, r7 = lane & 7;
+      const uint32_t v_row = kt + ((mi >> 1) * 8 + r7) * 1024 + (warp * Cfg::DW / 64) * 128;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
+    }
+    uint32_t vf0[DM][4];
+#pragma unroll
+    for (int dm = 0; dm < DM; ++dm)
+      ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2], vf0[dm][3]);
     PHASE_MARK(2);
     __syncthreads();
     PHASE_MARK(3);
@@ -411,15 +427,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       }
       const int mi = lane >> 3, r7 = lane & 7;
       const uint32_t p_base = s_base + L::probs;
-      // V^T fragments (ldmatrix.trans of the K tile): row kk*16 + (mi>>1)*8 + r7, chunk
-      // warp*DW/8 + 2*dm + (mi&1); DW is a multiple of 64, so as in the score phase the
-      // swizzle depends on (dm & 3) only.
-      uint32_t v_addr[4];
-      {
-        const uint32_t v_row = kt + ((mi >> 1) * 8 + r7) * 1024 + (warp * Cfg::DW / 64) * 128;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
-      }
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) {
         uint32_t b[HN][2];
@@ -436,7 +443,12 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 #pragma unroll
         for (int dm = 0; dm < DM; ++dm) {
           uint32_t af[4];
-          ptx::ldmatrix_x4_trans(v_addr[dm & 3] + kk * 16 * 1024 + (dm >> 2) * 128, af[0], af[1], af[2], af[3]);
+          if (kk == 0) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) af[c] = vf0[dm][c];
+          } else {
+            ptx::ldmatrix_x4_trans(v_addr[dm & 3] + kk * 16 * 1024 + (dm >> 2) * 128, af[0], af[1], af[2], af[3]);
+          }
 #pragma unroll
           for (int hn = 0; hn < HN; ++hn) ptx::mma_bf16_16816(acc[dm][hn], af, b[hn][0], b[hn][1]);
         }
