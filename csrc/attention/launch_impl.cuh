@@ -2,9 +2,6 @@
 // Launch helper shared by the decode (fp8) and prefill (bf16) instantiation files.
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
-
 #include <cuda_runtime.h>
 
 #include "config_sm80.h"
@@ -16,13 +13,7 @@ namespace deepinfer_sm80::attention {
 template <class Cfg, bool kFp8>
 cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   constexpr int smem = Cfg::template Layout<kFp8>::total;
-  // bf16 keys (prefill) run the pipelined tile loop; $DEEPINFER_ATTN_PIPE=0 (measurement
-  // knob) the plain one
-  static const bool pipe = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_PIPE");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
-  auto kernel = pipe ? sparse_mla_kernel<Cfg, kFp8, !kFp8> : sparse_mla_kernel<Cfg, kFp8, false>;
+  auto kernel = sparse_mla_kernel<Cfg, kFp8>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const long long groups = (p.num_heads + Cfg::HG - 1) / Cfg::HG;

@@ -53,7 +53,7 @@ __device__ __forceinline__ int list_len(const KeySource& s, int tok) {
   return n < 0 ? 0 : (n > s.topk ? s.topk : n);
 }
 
-template <class Cfg, bool kFp8, bool kPipe = false>
+template <class Cfg, bool kFp8>
 __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const SparseMlaParams p) {
   using L = typename Cfg::template Layout<kFp8>;
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
@@ -200,96 +200,164 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
   const int g = lane >> 2, t = lane & 3;
 
-  // ---- the phases of a key tile (kt: shared address of its bf16 rows, st: its stage)
-  // V^T fragments (ldmatrix.trans of the K tile): row kk*16 + (mi>>1)*8 + r7, chunk
-  // warp*DW/8 + 2*dm + (mi&1); DW is a multiple of 64, so as in the score phase the swizzle
-  // depends on (dm & 3) only.
-  auto v_addrs = [&](uint32_t kt, uint32_t (&v_addr)[4]) {
-    const int mi = lane >> 3, r7 = lane & 7;
-    const uint32_t v_row = kt + ((mi >> 1) * 8 + r7) * 1024 + (warp * Cfg::DW / 64) * 128;
+  PHASE_MARK(7);
+  for (int j = 0; j < num_tiles; ++j) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    PHASE_MARK(0);
+    const int st = j % STAGES;
+    uint32_t kt = s_base + L::kv;
+    const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
+    if constexpr (kFp8) {
+      // raw records of stage st -> bf16 tile (exact). Thread (lr, lq) converts output chunks
+      // lq + 8i of row lr: i < 7 NoPE codes 8c..8c+7 of scale group i, i == 7 the RoPE chunk.
+      const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes + lr * kDataBytes;
+      const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
+                                                       lr * kScaleBytes);
+      uint8_t* trow = smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4);
+      if (fp8::row_scales_bf16_route(sc)) {
+        // straight-line: all loads, then the conversions, then the stores
+        uint2 w[kNopeDim / 64];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
-  };
-  // ---- scores: S^T[key][head] = K Q^T. A warp owns KMW key m16-tiles x NTW head
-  // n8-tiles over one of KSPLIT head-dim slices (KS_PER 16-dim k-steps); per k-step it
-  // loads KMW A fragments (ldmatrix.x4 of K) and NTW B fragments (ldmatrix of Q) for
-  // KMW * NTW MMAs. The slices' partial sums go to KSPLIT score buffers that the softmax
-  // adds: every warp of the block takes part instead of S_TILES of them. With fewer than
-  // 4 MMAs per k-step the even and odd k-steps accumulate into separate registers.
-  auto score_tile = [&](uint32_t kt) {
-    constexpr int CH = (KMW * NTW >= 4) ? 1 : 2;
-    constexpr int KS_PER = Cfg::KS_PER;
-    const int kgrp = warp / Cfg::S_TILES, wt = warp % Cfg::S_TILES;
-    const int km0 = (wt / (HN / NTW)) * KMW;
-    const int hn0 = (wt % (HN / NTW)) * NTW;
-    float sacc[CH][KMW][NTW][4];
+        for (int i = 0; i < kNopeDim / 64; ++i) w[i] = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+        const uint4 rope = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
 #pragma unroll
-    for (int u = 0; u < CH; ++u)
-#pragma unroll
-      for (int a = 0; a < KMW; ++a)
-#pragma unroll
-        for (int n = 0; n < NTW; ++n)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) sacc[u][a][n][c] = 0.f;
-    // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
-    // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
-    // per-thread base addresses plus a compile-time offset once the loop is unrolled
-    // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB). A slice starts at
-    // k-step kgrp * KS_PER (a multiple of 4): + kgrp * KS_PER * 32 bytes.
-    const int mi = lane >> 3, r7 = lane & 7;
-    const uint32_t kslice = kgrp * KS_PER * 32;
-    const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
-    const uint32_t b_row =
-        s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
-    uint32_t a_addr[4], b_addr[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
-      b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
-    }
-#pragma unroll
-    for (int ks = 0; ks < KS_PER; ++ks) {
-      const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
-      const uint32_t koff = (ks >> 2) * 128;
-      uint32_t bf[NTW][2];
-      if constexpr (NTW == 1) {
-        ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
+        for (int i = 0; i < kNopeDim / 64; ++i)
+          *reinterpret_cast<uint4*>(trow + i * 128) =
+              fp8::e4m3x8_bf16_route(w[i], ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
+        *reinterpret_cast<uint4*>(trow + 7 * 128) = rope;
       } else {
 #pragma unroll
-        for (int n = 0; n < NTW; n += 2)
-          ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
-                           bf[n + 1][1]);
+      for (int i = 0; i < 8; ++i) {
+        uint4 v;
+        if (i < kNopeDim / 64) {
+          const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+          const uint32_t sb = ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu;
+          if (sb <= fp8::kOneStepMaxScaleByte) {
+            const float f = fp8::one_step_factor(sb);
+            fp8::e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
+            fp8::e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
+          } else {
+            const float scl = fp8::ue8m0_scale(sb);
+            fp8::e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
+            fp8::e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
+          }
+        } else {
+          v = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
+        }
+        *reinterpret_cast<uint4*>(trow + i * 128) = v;
       }
-#pragma unroll
-      for (int a = 0; a < KMW; ++a) {
-        uint32_t af[4];
-        ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
-#pragma unroll
-        for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
       }
+      __syncthreads();
+      PHASE_MARK(1);
+    } else {
+      kt += st * Cfg::kTileBytes;
     }
-    if constexpr (CH == 2) {
+
+    // ---- scores: S^T[key][head] = K Q^T. A warp owns KMW key m16-tiles x NTW head
+    // n8-tiles over one of KSPLIT head-dim slices (KS_PER 16-dim k-steps); per k-step it
+    // loads KMW A fragments (ldmatrix.x4 of K) and NTW B fragments (ldmatrix of Q) for
+    // KMW * NTW MMAs. The slices' partial sums go to KSPLIT score buffers that the softmax
+    // adds: every warp of the block takes part instead of S_TILES of them. With fewer than
+    // 4 MMAs per k-step the even and odd k-steps accumulate into separate registers.
+    if (warp < Cfg::S_WARPS) {
+      constexpr int CH = (KMW * NTW >= 4) ? 1 : 2;
+      constexpr int KS_PER = Cfg::KS_PER;
+      const int kgrp = warp / Cfg::S_TILES, wt = warp % Cfg::S_TILES;
+      const int km0 = (wt / (HN / NTW)) * KMW;
+      const int hn0 = (wt % (HN / NTW)) * NTW;
+      float sacc[CH][KMW][NTW][4];
+#pragma unroll
+      for (int u = 0; u < CH; ++u)
+#pragma unroll
+        for (int a = 0; a < KMW; ++a)
+#pragma unroll
+          for (int n = 0; n < NTW; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sacc[u][a][n][c] = 0.f;
+      // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
+      // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
+      // per-thread base addresses plus a compile-time offset once the loop is unrolled
+      // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB). A slice starts at
+      // k-step kgrp * KS_PER (a multiple of 4): + kgrp * KS_PER * 32 bytes.
+      const int mi = lane >> 3, r7 = lane & 7;
+      const uint32_t kslice = kgrp * KS_PER * 32;
+      const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
+      const uint32_t b_row =
+          s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
+      uint32_t a_addr[4], b_addr[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
+        b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
+      }
+#pragma unroll
+      for (int ks = 0; ks < KS_PER; ++ks) {
+        const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
+        const uint32_t koff = (ks >> 2) * 128;
+        uint32_t bf[NTW][2];
+        if constexpr (NTW == 1) {
+          ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
+        } else {
+#pragma unroll
+          for (int n = 0; n < NTW; n += 2)
+            ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
+                             bf[n + 1][1]);
+        }
+#pragma unroll
+        for (int a = 0; a < KMW; ++a) {
+          uint32_t af[4];
+          ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
+#pragma unroll
+          for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
+        }
+      }
+      if constexpr (CH == 2) {
+#pragma unroll
+        for (int a = 0; a < KMW; ++a)
+#pragma unroll
+          for (int n = 0; n < NTW; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
+      }
+      float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
 #pragma unroll
       for (int a = 0; a < KMW; ++a)
 #pragma unroll
-        for (int n = 0; n < NTW; ++n)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
+        for (int n = 0; n < NTW; ++n) {
+          const int col = (hn0 + n) * 8 + 2 * t;
+          const int row = (km0 + a) * 16 + g;
+          *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
+          *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
+        }
+    } else {
+      // the loader warps: next tile's copies, then the indices of the one after
+      if (j + 1 < num_tiles) issue_tile(j + 1);
+      if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
-    float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
+    ptx::cp_async_commit();
+    // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
+    // memory) so that their latency and shared-memory traffic overlap the softmax.
+    // ldmatrix.trans of the K tile: row kk*16 + (mi>>1)*8 + r7, chunk warp*DW/8 + 2*dm +
+    // (mi&1); DW is a multiple of 64, so as in the score phase the swizzle depends on
+    // (dm & 3) only.
+    uint32_t v_addr[4];
+    {
+      const int mi = lane >> 3, r7 = lane & 7;
+      const uint32_t v_row = kt + ((mi >> 1) * 8 + r7) * 1024 + (warp * Cfg::DW / 64) * 128;
 #pragma unroll
-    for (int a = 0; a < KMW; ++a)
+      for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
+    }
+    uint32_t vf0[DM][4];
 #pragma unroll
-      for (int n = 0; n < NTW; ++n) {
-        const int col = (hn0 + n) * 8 + 2 * t;
-        const int row = (km0 + a) * 16 + g;
-        *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
-            make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
-        *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
-            make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
-      }
-  };
-  auto softmax_tile = [&](int st) {
+    for (int dm = 0; dm < DM; ++dm)
+      ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2], vf0[dm][3]);
+    PHASE_MARK(2);
+    __syncthreads();
+    PHASE_MARK(3);
+
     // ---- online softmax, one head per TPH threads; a key's score is the sum of the
     // KSPLIT slice buffers (read once, kept in registers for both passes)
     {
@@ -336,9 +404,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       m_run = m_new;
       if (sm_part == 0) s_alpha[sm_head] = alpha;
     }
-  };
-  // vf0: the first k-step's V fragments if already loaded, else nullptr
-  auto pv_tile = [&](uint32_t kt, const uint32_t (*vf0)[4]) {
+    PHASE_MARK(4);
+    __syncthreads();
+    PHASE_MARK(5);
+
     // ---- O^T[dim][head] += V^T P^T
     {
       // rescale by 2^(m_old - m_new), per group of 8 heads; a group is skipped when the
@@ -358,8 +427,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       }
       const int mi = lane >> 3, r7 = lane & 7;
       const uint32_t p_base = s_base + L::probs;
-      uint32_t v_addr[4];
-      v_addrs(kt, v_addr);
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) {
         uint32_t b[HN][2];
@@ -376,7 +443,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 #pragma unroll
         for (int dm = 0; dm < DM; ++dm) {
           uint32_t af[4];
-          if (kk == 0 && vf0 != nullptr) {
+          if (kk == 0) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) af[c] = vf0[dm][c];
           } else {
@@ -387,142 +454,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         }
       }
     }
-  };
-
-  if constexpr (kPipe) {
-    // Pipelined tile loop (bf16 keys): the PV MMA of tile j and the score MMA of tile j+1
-    // run in one phase, so the MMA pipe is not idle while the other phase's latency runs out:
-    //   M(j):   all warps PV(j) [stage j%2]. The loader warps wait for tile j+1's copies,
-    //           arrive at named barrier 1, wait at named barrier 2 until every score warp is
-    //           past PV(j), then copy tile j+2 into stage j%2. The score warps arrive at
-    //           barrier 2, sync on barrier 1 and compute the scores of tile j+1
-    //           [stage (j+1)%2]. Block barrier (scores of j+1 visible).
-    //   S(j+1): softmax(j+1); block barrier
-    // Tile 1 joins the prologue (stage 1 is free); tile 0's scores and softmax come first.
-    static_assert(!kFp8, "the pipelined loop needs two bf16 key stages");
-    if (loader && num_tiles > 1) issue_tile(1);
-    ptx::cp_async_commit();
-    if (loader && num_tiles > 2) fetch_rows(2);
-    ptx::cp_async_wait<1>();  // {Q, tile 0}
-    __syncthreads();
-    if (num_tiles > 0) {
-      if (warp < Cfg::S_WARPS) score_tile(s_base + L::kv);
-      __syncthreads();
-      softmax_tile(0);
-      __syncthreads();
-    }
-    for (int j = 0; j < num_tiles; ++j) {
-      pv_tile(s_base + L::kv + (j % STAGES) * Cfg::kTileBytes, nullptr);
-      if (loader) {
-        if (j + 1 < num_tiles) {
-          ptx::cp_async_wait<0>();  // tile j+1
-          ptx::named_barrier_arrive(1, NT);
-        }
-        if (j + 2 < num_tiles) {
-          ptx::named_barrier_sync(2, NT);  // every warp is past PV(j): stage j%2 is free
-          issue_tile(j + 2);
-        }
-        ptx::cp_async_commit();
-        if (j + 3 < num_tiles) fetch_rows(j + 3);
-      } else {
-        if (j + 2 < num_tiles) ptx::named_barrier_arrive(2, NT);
-        if (j + 1 < num_tiles) {
-          ptx::named_barrier_sync(1, NT);
-          score_tile(s_base + L::kv + ((j + 1) % STAGES) * Cfg::kTileBytes);
-        }
-      }
-      __syncthreads();
-      if (j + 1 < num_tiles) {
-        softmax_tile((j + 1) % STAGES);
-        __syncthreads();
-      }
-    }
-  } else {
-  PHASE_MARK(7);
-    for (int j = 0; j < num_tiles; ++j) {
-      ptx::cp_async_wait<0>();
-      __syncthreads();
-      PHASE_MARK(0);
-      const int st = j % STAGES;
-      uint32_t kt = s_base + L::kv;
-      const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
-      if constexpr (kFp8) {
-        // raw records of stage st -> bf16 tile (exact). Thread (lr, lq) converts output chunks
-        // lq + 8i of row lr: i < 7 NoPE codes 8c..8c+7 of scale group i, i == 7 the RoPE chunk.
-        const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes + lr * kDataBytes;
-        const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
-                                                         lr * kScaleBytes);
-        uint8_t* trow = smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4);
-        if (fp8::row_scales_bf16_route(sc)) {
-          // straight-line: all loads, then the conversions, then the stores
-          uint2 w[kNopeDim / 64];
-  #pragma unroll
-          for (int i = 0; i < kNopeDim / 64; ++i) w[i] = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
-          const uint4 rope = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
-  #pragma unroll
-          for (int i = 0; i < kNopeDim / 64; ++i)
-            *reinterpret_cast<uint4*>(trow + i * 128) =
-                fp8::e4m3x8_bf16_route(w[i], ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
-          *reinterpret_cast<uint4*>(trow + 7 * 128) = rope;
-        } else {
-  #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          uint4 v;
-          if (i < kNopeDim / 64) {
-            const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
-            const uint32_t sb = ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu;
-            if (sb <= fp8::kOneStepMaxScaleByte) {
-              const float f = fp8::one_step_factor(sb);
-              fp8::e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
-              fp8::e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
-            } else {
-              const float scl = fp8::ue8m0_scale(sb);
-              fp8::e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
-              fp8::e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
-            }
-          } else {
-            v = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
-          }
-          *reinterpret_cast<uint4*>(trow + i * 128) = v;
-        }
-        }
-        __syncthreads();
-        PHASE_MARK(1);
-      } else {
-        kt += st * Cfg::kTileBytes;
-      }
-  
-      if (warp < Cfg::S_WARPS) {
-        score_tile(kt);
-      } else {
-        // the loader warps: next tile's copies, then the indices of the one after
-        if (j + 1 < num_tiles) issue_tile(j + 1);
-        if (j + 2 < num_tiles) fetch_rows(j + 2);
-      }
-      ptx::cp_async_commit();
-      // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
-      // memory) so that their latency and shared-memory traffic overlap the softmax.
-      // ldmatrix.trans of the K tile: row kk*16 + (mi>>1)*8 + r7, chunk warp*DW/8 + 2*dm +
-      // (mi&1); DW is a multiple of 64, so as in the score phase the swizzle depends on
-      // (dm & 3) only.
-      uint32_t v_addr[4];
-      v_addrs(kt, v_addr);
-      uint32_t vf0[DM][4];
-  #pragma unroll
-      for (int dm = 0; dm < DM; ++dm)
-        ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2], vf0[dm][3]);
-      PHASE_MARK(2);
-      __syncthreads();
-      PHASE_MARK(3);
-  
-      softmax_tile(st);
-      PHASE_MARK(4);
-      __syncthreads();
-      PHASE_MARK(5);
-  
-      pv_tile(kt, vf0);
-      PHASE_MARK(6);
-    }
+    PHASE_MARK(6);
   }
   ptx::cp_async_wait<0>();
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS

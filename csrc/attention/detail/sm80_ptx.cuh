@@ -60,15 +60,6 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Named barriers (id 1..15; `count` threads, a multiple of 32): producers arrive without
-// waiting, consumers wait until `count` threads have arrived or waited.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
 // 2^x on the SFU (MUFU.EX2, relative error ~2^-22; subnormal results flush to 0; 2^-inf = 0)
 __device__ __forceinline__ float ex2(float x) {
   float y;
