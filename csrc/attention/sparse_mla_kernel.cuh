@@ -209,45 +209,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     uint32_t kt = s_base + L::kv;
     const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
     if constexpr (kFp8) {
-      // raw records of stage st -> bf16 tile (exact). Thread (lr, lq) converts output chunks
-      // lq + 8i of row lr: i < 7 NoPE codes 8c..8c+7 of scale group i, i == 7 the RoPE chunk.
+      // raw records of stage st -> bf16 tile (exact), 8 threads per row
       const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes + lr * kDataBytes;
       const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
                                                        lr * kScaleBytes);
-      uint8_t* trow = smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4);
-      if (fp8::row_scales_bf16_route(sc)) {
-        // straight-line: all loads, then the conversions, then the stores
-        uint2 w[kNopeDim / 64];
-#pragma unroll
-        for (int i = 0; i < kNopeDim / 64; ++i) w[i] = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
-        const uint4 rope = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
-#pragma unroll
-        for (int i = 0; i < kNopeDim / 64; ++i)
-          *reinterpret_cast<uint4*>(trow + i * 128) =
-              fp8::e4m3x8_bf16_route(w[i], ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
-        *reinterpret_cast<uint4*>(trow + 7 * 128) = rope;
-      } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        uint4 v;
-        if (i < kNopeDim / 64) {
-          const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
-          const uint32_t sb = ((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu;
-          if (sb <= fp8::kOneStepMaxScaleByte) {
-            const float f = fp8::one_step_factor(sb);
-            fp8::e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
-            fp8::e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
-          } else {
-            const float scl = fp8::ue8m0_scale(sb);
-            fp8::e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
-            fp8::e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
-          }
-        } else {
-          v = *reinterpret_cast<const uint4*>(raw + kNopeDim + lq * 16);
-        }
-        *reinterpret_cast<uint4*>(trow + i * 128) = v;
-      }
-      }
+      fp8::dequant_row_share(raw, sc, lq, smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4));
       __syncthreads();
       PHASE_MARK(1);
     } else {

@@ -34,36 +34,18 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Eight codes through a four-code route `dec(word, lo, hi)` -> one uint4 of bf16.
-template <class Decode4>
-__device__ __forceinline__ uint4 decode8_with(uint2 codes, Decode4 dec) {
-  __nv_bfloat162 a, b, c, d;
-  dec(codes.x, a, b);
-  dec(codes.y, c, d);
-  return make_uint4(bf16x2_bits(a), bf16x2_bits(b), bf16x2_bits(c), bf16x2_bits(d));
-}
-
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
   const bool no_nan = !e4m3x4_has_nan(codes.x) && !e4m3x4_has_nan(codes.y);
-  if (e4m3_bf16mul_scale_ok(s) && no_nan) {
-    const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
-    return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
-      e4m3x4_to_bf16x4_bf16mul(w, mult, lo, hi);
-    });
-  }
+  if (e4m3_bf16mul_scale_ok(s) && no_nan) return e4m3x8_to_bf16x8_bf16mul(codes, s);
   if (e4m3_fast_scale_ok(s) && no_nan) {
     const float mult = e4m3_fast_multiplier(s);
-    return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+    return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
       e4m3x4_to_bf16x4_scaled(w, mult, lo, hi);
     });
   }
   const float scale = ue8m0_to_float(s);
-  return decode8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+  return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
     lo = __floats2bfloat162_rn(e4m3_to_float(w & 0xFFu) * scale, e4m3_to_float((w >> 8) & 0xFFu) * scale);
     hi = __floats2bfloat162_rn(e4m3_to_float((w >> 16) & 0xFFu) * scale, e4m3_to_float(w >> 24) * scale);
   });
@@ -97,10 +79,6 @@ __device__ __forceinline__ EntryLoads load_packed(const GatherKParams& p, int64_
                     blk + kv_record::scale_offset(p.block_size, in_blk), lane);
 }
 
-__device__ __forceinline__ uint32_t scale_byte(uint2 s, int g) {
-  return ((g < 4 ? s.x : s.y) >> (8 * (g & 3))) & 0xFFu;
-}
-
 template <bool kStreaming>
 __device__ __forceinline__ void store16(void* p, uint4 v) {
   if (kStreaming) {
@@ -113,10 +91,10 @@ __device__ __forceinline__ void store16(void* p, uint4 v) {
 template <bool kStreaming>
 __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane) {
   const int g = lane >> 3;
-  store16<kStreaming>(out_row + 8 * lane, decode8(e.a, scale_byte(e.scales, g)));
+  store16<kStreaming>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)));
   uint4 hi;
   if (lane < 24) {
-    hi = decode8(make_uint2(e.b.x, e.b.y), scale_byte(e.scales, 4 + g));
+    hi = decode8(make_uint2(e.b.x, e.b.y), kv_record::group_scale_byte(e.scales, 4 + g));
   } else {
     hi = e.b;
   }

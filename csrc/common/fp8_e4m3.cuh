@@ -12,6 +12,8 @@
 //   e4m3x4_to_bf16x4_scaled(...)  fast decode of four codes straight to bf16 with a UE8M0
 //                                 block scale folded in (see its comment for the exact range).
 //   e4m3x4_to_bf16x4_bf16mul(...) the same with one bf16x2 multiply, for scale bytes 10..134.
+//   e4m3x8_with(codes, route)     eight codes (one 64-bit chunk) through a four-code route
+//                                 -> one uint4 of bf16; e4m3x8_to_bf16x8_bf16mul(codes, s).
 //
 // Needs only the CUDA headers (no torch); kernels of every family include it.
 #pragma once
@@ -181,6 +183,27 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul(uint32_t four_bytes, __
   // prmt: halves {c0, c1} and {c2, c3} in their low bytes (selector nibble 4 = a zero byte)
   lo = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4140u), mult);
   hi = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4342u), mult);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight codes through a four-code route `dec(word, lo, hi)` -> one uint4 of bf16.
+template <class Decode4>
+__device__ __forceinline__ uint4 e4m3x8_with(uint2 codes, Decode4 dec) {
+  __nv_bfloat162 a, b, c, d;
+  dec(codes.x, a, b);
+  dec(codes.y, c, d);
+  return make_uint4(bf16x2_bits(a), bf16x2_bits(b), bf16x2_bits(c), bf16x2_bits(d));
+}
+
+// Eight codes of a group with UE8M0 byte s (10..134) through the bf16x2 route.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8_bf16mul(uint2 codes, uint32_t s) {
+  const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
+  return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+    e4m3x4_to_bf16x4_bf16mul(w, mult, lo, hi);
+  });
 }
 
 }  // namespace deepinfer_sm80

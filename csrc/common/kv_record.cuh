@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector_types.h>
 
 namespace deepinfer_sm80 {
 namespace kv_record {
@@ -53,6 +54,11 @@ __host__ __device__ __forceinline__ int64_t data_offset(int pos_in_block) {
 __host__ __device__ __forceinline__ int64_t scale_offset(int block_size, int pos_in_block) {
   return static_cast<int64_t>(block_size) * kDataBytes +
          static_cast<int64_t>(pos_in_block) * kScaleBytes;
+}
+
+// UE8M0 byte of group g (0..6) from an entry's 8 scale bytes loaded as one uint2.
+__host__ __device__ __forceinline__ uint32_t group_scale_byte(uint2 scales, int g) {
+  return ((g < 4 ? scales.x : scales.y) >> (8 * (g & 3))) & 0xFFu;
 }
 
 }  // namespace kv_record

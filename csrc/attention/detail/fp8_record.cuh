@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include "common/fp8_e4m3.cuh"
+#include "common/kv_record.cuh"
 
 namespace deepinfer_sm80::attention::fp8 {
 
@@ -58,28 +59,52 @@ __device__ __forceinline__ void e4m3x4_times_factor_to_bf16x4(uint32_t w, float 
   hi = *reinterpret_cast<uint32_t*>(&b);
 }
 
-// Bf16 route for a whole key row whose 7 scale bytes all lie in 10..134 (every realistic
-// cache: scales 2^-117 .. 2^7): each pair of codes is two logic ops and one bf16x2 multiply
-// by 2^(s - 7) (common/fp8_e4m3.cuh, e4m3x4_to_bf16x4_bf16mul: exact there, so the same bits
-// as the fp32 routes above, NaN codes included, which decode to 480 * 2^(s-127) on every route).
-__device__ __forceinline__ bool row_scales_bf16_route(uint2 sc) {
-  bool ok = true;
+// One thread's share of dequantising a key row (8 threads per row, thread lq): output
+// chunks c = lq + 8i of the row, i < 7 the NoPE codes 8c..8c+7 of scale group i (as bf16),
+// i == 7 RoPE chunk lq (copied). raw: the row's 576 data bytes; sc: its 8 scale bytes; out:
+// the row's swizzled destination of chunk lq (chunk lq + 8i lies i * 128 bytes further).
+// A row whose 7 UE8M0 bytes all lie in 10..134 (every realistic cache: scales 2^-117 ..
+// 2^7) goes straight-line (all loads, then the conversions, then the stores) through one
+// bf16x2 multiply per code pair (common/fp8_e4m3.cuh: exact, so the same bits as the fp32
+// routes above, NaN codes included, which decode to 480 * 2^(s-127) on every route); other
+// rows chunk by chunk through the fp32 routes.
+__device__ __forceinline__ void dequant_row_share(const uint8_t* raw, uint2 sc, int lq,
+                                                  uint8_t* out) {
+  constexpr int kGroups = kv_record::kNumGroups;
+  bool bf16_route = true;
 #pragma unroll
-  for (int g = 0; g < 7; ++g) ok &= deepinfer_sm80::e4m3_bf16mul_scale_ok(((g < 4 ? sc.x : sc.y) >> (8 * (g & 3))) & 0xFFu);
-  return ok;
-}
-
-__device__ __forceinline__ uint4 e4m3x8_bf16_route(uint2 w, uint32_t sb) {
-  const __nv_bfloat162 mult = deepinfer_sm80::e4m3_bf16mul_multiplier(sb);
-  __nv_bfloat162 a, b, c, d;
-  deepinfer_sm80::e4m3x4_to_bf16x4_bf16mul(w.x, mult, a, b);
-  deepinfer_sm80::e4m3x4_to_bf16x4_bf16mul(w.y, mult, c, d);
-  uint4 v;
-  v.x = *reinterpret_cast<uint32_t*>(&a);
-  v.y = *reinterpret_cast<uint32_t*>(&b);
-  v.z = *reinterpret_cast<uint32_t*>(&c);
-  v.w = *reinterpret_cast<uint32_t*>(&d);
-  return v;
+  for (int g = 0; g < kGroups; ++g)
+    bf16_route &= deepinfer_sm80::e4m3_bf16mul_scale_ok(kv_record::group_scale_byte(sc, g));
+  if (bf16_route) {
+    uint2 w[kGroups];
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) w[i] = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+    const uint4 rope = *reinterpret_cast<const uint4*>(raw + kv_record::kRopeOffset + lq * 16);
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i)
+      *reinterpret_cast<uint4*>(out + i * 128) =
+          deepinfer_sm80::e4m3x8_to_bf16x8_bf16mul(w[i], kv_record::group_scale_byte(sc, i));
+    *reinterpret_cast<uint4*>(out + kGroups * 128) = rope;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
+    const uint32_t sb = kv_record::group_scale_byte(sc, i);
+    uint4 v;
+    if (sb <= kOneStepMaxScaleByte) {
+      const float f = one_step_factor(sb);
+      e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
+      e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
+    } else {
+      const float scl = ue8m0_scale(sb);
+      e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
+      e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
+    }
+    *reinterpret_cast<uint4*>(out + i * 128) = v;
+  }
+  *reinterpret_cast<uint4*>(out + kGroups * 128) =
+      *reinterpret_cast<const uint4*>(raw + kv_record::kRopeOffset + lq * 16);
 }
 
 }  // namespace deepinfer_sm80::attention::fp8
