@@ -400,6 +400,8 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
                        pct_copy=100.0 * bw / copy_gbps, sets=1, timing=t.as_dict())
             print(f"combine {shape:>16} {name + ', L2-warm':>9}: {t.median_us:8.2f} us", flush=True)
         same_bytes_row(report, "combine_topk_swa_indices", shape, bytes_moved, copy_gbps)
+        reference_row(report, "combine_topk_swa_indices", shape, "copy, same bytes, L2-warm",
+                      bytes_moved, common.same_bytes_copy_time(bytes_moved, warm=True), copy_gbps)
         del sets
         torch.cuda.empty_cache()
 

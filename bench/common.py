@@ -189,13 +189,16 @@ def copy_bandwidth(nbytes: int = 2 * 2**30, *, replays: int = 30) -> dict[str, A
                       f"eager copy_, graph copy_, graph bitwise_not)"}
 
 
-def same_bytes_copy_time(nbytes: int, *, min_sets: int = 2, replays: int = 30) -> Timing:
+def same_bytes_copy_time(nbytes: int, *, min_sets: int = 2, replays: int = 30,
+                         warm: bool = False) -> Timing:
     """Graph-replayed time of an elementwise kernel (``bitwise_not``) that reads nbytes/2 and
     writes nbytes/2, with as many rotated buffers as the kernel under test gets: what a
     plain copy moving the same total bytes takes at this size (launch, ramp-up and tail
-    included). Context for a kernel's percent of the large-buffer copy ceiling."""
+    included). Context for a kernel's percent of the large-buffer copy ceiling.
+    ``warm``: one buffer pair called repeatedly (its bytes stay in L2 when they fit), the
+    floor for a kernel timed the same way."""
     n = max(1, nbytes // 8)
-    sets = max(min_sets, rotation_count(nbytes))
+    sets = 1 if warm else max(min_sets, rotation_count(nbytes))
     bufs = [(torch.empty(n, dtype=torch.int32, device="cuda").random_(),
              torch.empty(n, dtype=torch.int32, device="cuda")) for _ in range(sets)]
     calls = [(lambda a=a, b=b: torch.bitwise_not(a, out=b)) for a, b in bufs]

@@ -5,6 +5,7 @@
 //
 //         heads keys warps  score warp tile (keys x heads) x head-dim slices  smem bf16 / fp8 (B)
 //  kH64    64    32    8     32 x 32 x 2 slices = 4 warps, 256 B/MMA         155648 / 160256   SM80
+//          (prefill: 2 groups of CfgH64x2, each 32 heads x 4 warps, 2 score warps    157952 / -)
 //  kH32    32    32    8     32 x 32 x 4 slices = 4 warps, 256 B/MMA         121984 / 126592   SM80
 //  kH16    16    32    8     32 x 16 x 4 slices = 4 warps, 384 B/MMA          95936 / 100544   SM80, SM86
 //  kH8      8    32    8     16 x 8  x 2 slices = 4 warps, 768 B/MMA          77280 /  81888   SM80, SM86
@@ -24,6 +25,11 @@ namespace deepinfer_sm80::attention {
 // scores go to one buffer each and the block-wide softmax adds them.
 using CfgH64 = TileConfig<64, 32, 8, 4, 2, 2, 2>;
 using CfgH32 = TileConfig<32, 32, 8, 4, 2, 2, 4>;
+// The 64-head prefill (bf16 keys) runs two groups of this 32-head, 4-warp configuration
+// over shared key stages (kGroups = 2, sparse_mla_kernel.cuh): 157952 B of shared memory,
+// 242 registers; the score warp tile as in kH64 (32 x 32 x 2 slices, 2 warps per group).
+using CfgH64x2 = TileConfig<32, 32, 4, 4, 2, 2, 2>;
+constexpr int kH64PrefillGroups = 2;
 
 constexpr int kSmemCapSm80 = 163 * 1024;
 

@@ -10,17 +10,17 @@
 
 namespace deepinfer_sm80::attention {
 
-template <class Cfg, bool kFp8>
+template <class Cfg, bool kFp8, int kGroups = 1>
 cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
-  constexpr int smem = Cfg::template Layout<kFp8>::total;
-  auto kernel = sparse_mla_kernel<Cfg, kFp8>;
+  constexpr int smem = Cfg::template Layout<kFp8, kGroups>::total;
+  auto kernel = sparse_mla_kernel<Cfg, kFp8, kGroups>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const long long groups = (p.num_heads + Cfg::HG - 1) / Cfg::HG;
+  const long long groups = (p.num_heads + Cfg::HG * kGroups - 1) / (Cfg::HG * kGroups);
   const long long blocks = static_cast<long long>(p.num_tokens) * p.num_splits * groups;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS, smem, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS * kGroups, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -18,15 +18,17 @@ namespace deepinfer_sm80::attention::plan {
 
 constexpr int64_t kMaxSplits = 64;  // combine keeps the per-split weights in shared memory
 
-template <class Cfg, bool kFp8>
+template <class Cfg, bool kFp8, int kGroups = 1>
 constexpr LaunchInfo info_of() {
-  return LaunchInfo{Cfg::HG, Cfg::BK, Cfg::NTHREADS, Cfg::template Layout<kFp8>::total};
+  return LaunchInfo{Cfg::HG * kGroups, Cfg::BK, Cfg::NTHREADS * kGroups,
+                    Cfg::template Layout<kFp8, kGroups>::total};
 }
 
-// decode = fp8 loader, prefill = bf16 loader
+// decode = fp8 loader, prefill = bf16 loader (64 heads: two groups of CfgH64x2)
 inline LaunchInfo info(TileConfigId id, bool fp8) {
   switch (id) {
-    case TileConfigId::kH64: return fp8 ? info_of<CfgH64, true>() : info_of<CfgH64, false>();
+    case TileConfigId::kH64:
+      return fp8 ? info_of<CfgH64, true>() : info_of<CfgH64x2, false, kH64PrefillGroups>();
     case TileConfigId::kH32: return fp8 ? info_of<CfgH32, true>() : info_of<CfgH32, false>();
     case TileConfigId::kH16: return fp8 ? info_of<CfgH16, true>() : info_of<CfgH16, false>();
     case TileConfigId::kH8: break;

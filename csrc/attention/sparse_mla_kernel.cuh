@@ -53,35 +53,63 @@ __device__ __forceinline__ int list_len(const KeySource& s, int tok) {
   return n < 0 ? 0 : (n > s.topk ? s.topk : n);
 }
 
-template <class Cfg, bool kFp8>
-__global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const SparseMlaParams p) {
-  using L = typename Cfg::template Layout<kFp8>;
+// Two-group tile (kGroups = 2, bf16 keys only; the 64-head prefill): two groups of NWARPS
+// warps, each with its own HG heads (Q rows, scores, P, statistics, O), stream the same key
+// stages and synchronise only within the group (named barrier kBarGroup + group), so each
+// group runs its phases on its own clock and one group's MMAs fill the other's softmax and
+// barrier waits. The second group's idle warps copy the next tile: kBarEmpty (the first
+// group is done with the stage) before, kBarFull (the copies have landed) after.
+// Measured on the H200 (docs/attention.md): 64-head prefill +3-5% over one 8-warp group of
+// 64 heads; forcing the groups' score phases to alternate, or to start half a tile apart,
+// lost 2-4%.
+constexpr int kBarGroup = 1;  // + group: the group's own barrier (NTHREADS)
+constexpr int kBarFull = 3;   // + stage
+constexpr int kBarEmpty = 5;  // + stage
+
+template <class Cfg, bool kFp8, int kGroups = 1>
+__global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(const SparseMlaParams p) {
+  using L = typename Cfg::template Layout<kFp8, kGroups>;
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
   constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, KMW = Cfg::KMW, DM = Cfg::DM,
                 TPH = Cfg::TPH;
+  static_assert(kGroups == 1 || (kGroups == 2 && !kFp8), "ping-pong: two groups, bf16 keys");
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = ptx::smem_u32(smem);
-  float* s_scores = reinterpret_cast<float*>(smem + L::scores);
-  __nv_bfloat16* s_probs = reinterpret_cast<__nv_bfloat16*>(smem + L::probs);
+  // group-local ids; in the second group the score warps are its last ones, so that the two
+  // groups' score warps sit on different SM sub-partitions (warp % 4)
+  const int grp = kGroups == 1 ? 0 : static_cast<int>(threadIdx.x) / NT;
+  const int lane = threadIdx.x & 31;
+  const int warp = grp == 0 ? (static_cast<int>(threadIdx.x) >> 5)
+                            : (((static_cast<int>(threadIdx.x) % NT) >> 5) + Cfg::NWARPS / 2) % Cfg::NWARPS;
+  const int tid = warp * 32 + lane;
+  const int gofs = grp * L::group_stride;
+  float* s_scores = reinterpret_cast<float*>(smem + L::scores + gofs);
+  __nv_bfloat16* s_probs = reinterpret_cast<__nv_bfloat16*>(smem + L::probs + gofs);
   int* s_valid = reinterpret_cast<int*>(smem + L::valid);
-  float* s_alpha = reinterpret_cast<float*>(smem + L::alpha);
-  float* s_m = reinterpret_cast<float*>(smem + L::stat_m);
-  float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* s_alpha = reinterpret_cast<float*>(smem + L::alpha + gofs);
+  float* s_m = reinterpret_cast<float*>(smem + L::stat_m + gofs);
+  float* s_l = reinterpret_cast<float*>(smem + L::stat_l + gofs);
+  const uint32_t q_base = s_base + L::q + grp * HG * Cfg::kRowBytes;
+  auto group_sync = [&] {
+    if constexpr (kGroups == 1) {
+      __syncthreads();
+    } else {
+      ptx::bar_sync(kBarGroup + grp, NT);
+    }
+  };
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
   long long ph_cyc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const long long ph_start = clock64();
   long long ph_t = ph_start;
 #endif
-  const int groups = (p.num_heads + HG - 1) / HG;
+  const int groups = (p.num_heads + HG * kGroups - 1) / (HG * kGroups);
   int bid = blockIdx.x;
   const int hgi = bid % groups;
   bid /= groups;
   const int split = bid % p.num_splits;
   const int tok = bid / p.num_splits;
-  const int head0 = hgi * HG;
+  const int head0 = (hgi * kGroups + grp) * HG;
 
   const int len0 = list_len(p.src[0], tok);
   const int len1 = p.num_sources > 1 ? list_len(p.src[1], tok) : 0;
@@ -100,7 +128,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       const int r = i >> 6, c = i & 63, h = head0 + r;
       const bool ok = h < p.num_heads;
       const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
-      ptx::cp_async_16(s_base + L::q + swz(r, c), src, ok ? 16 : 0);
+      ptx::cp_async_16(q_base + swz(r, c), src, ok ? 16 : 0);
     }
   }
 
@@ -118,7 +146,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   constexpr int LROWS = LTHREADS / 8;  // rows served at once
   constexpr int LRPT = BK / LROWS;     // rows per loader thread
   static_assert(LTHREADS > 0 && LTHREADS % 8 == 0 && BK % LROWS == 0, "loader warps");
-  const bool loader = warp >= Cfg::S_WARPS;
+  const bool loader = warp >= Cfg::S_WARPS && grp == kGroups - 1;  // two groups: the second's
   const int ltid = tid - Cfg::S_WARPS * 32;
   const int lr0 = ltid >> 3, lq = tid & 7;
   int nidx[LRPT];  // indices of the thread's rows of the next tile (-1: invalid or past the list)
@@ -186,6 +214,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   }
   ptx::cp_async_commit();
   if (loader && num_tiles > 1) fetch_rows(1);
+  if constexpr (kGroups > 1) {  // Q and the first tile in place for both groups
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+  }
 
   float acc[DM][HN][4];
 #pragma unroll
@@ -202,8 +234,24 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
 
   PHASE_MARK(7);
   for (int j = 0; j < num_tiles; ++j) {
-    ptx::cp_async_wait<0>();
-    __syncthreads();
+    if constexpr (kGroups == 1) {
+      ptx::cp_async_wait<0>();
+      __syncthreads();
+    } else if (grp == 0) {
+      // tile j landed (tile 0: the prologue); the barrier also holds back every warp of the
+      // group until all of them left the previous PV
+      if (j > 0) ptx::bar_sync(kBarFull + (j & 1), NT + LTHREADS);
+    } else {
+      group_sync();
+      if (loader && j + 1 < num_tiles) {
+        // stage (j+1)%2 held tile j-1: wait until the first group's PV is done with it, copy
+        // tile j+1 (the wait for the copies and kBarFull follow the score phase)
+        if (j >= 1) ptx::bar_sync(kBarEmpty + ((j + 1) & 1), NT + LTHREADS);
+        issue_tile(j + 1);
+        if (j + 2 < num_tiles) fetch_rows(j + 2);
+        ptx::cp_async_commit();
+      }
+    }
     PHASE_MARK(0);
     const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
@@ -250,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       const uint32_t kslice = kgrp * KS_PER * 32;
       const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
       const uint32_t b_row =
-          s_base + L::q + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
+          q_base + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
       uint32_t a_addr[4], b_addr[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -298,12 +346,18 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
           *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
               make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
-    } else {
+    } else if constexpr (kGroups == 1) {
       // the loader warps: next tile's copies, then the indices of the one after
       if (j + 1 < num_tiles) issue_tile(j + 1);
       if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
-    ptx::cp_async_commit();
+    if constexpr (kGroups == 1) ptx::cp_async_commit();
+    if constexpr (kGroups > 1) {  // the second group's copies of tile j+1 landed: tell the first
+      if (loader && j + 1 < num_tiles) {
+        ptx::cp_async_wait<0>();
+        ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
+      }
+    }
     // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
     // memory) so that their latency and shared-memory traffic overlap the softmax.
     // ldmatrix.trans of the K tile: row kk*16 + (mi>>1)*8 + r7, chunk warp*DW/8 + 2*dm +
@@ -321,7 +375,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
     for (int dm = 0; dm < DM; ++dm)
       ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2], vf0[dm][3]);
     PHASE_MARK(2);
-    __syncthreads();
+    group_sync();
     PHASE_MARK(3);
 
     // ---- online softmax, one head per TPH threads; a key's score is the sum of the
@@ -371,7 +425,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
       if (sm_part == 0) s_alpha[sm_head] = alpha;
     }
     PHASE_MARK(4);
-    __syncthreads();
+    group_sync();
     PHASE_MARK(5);
 
     // ---- O^T[dim][head] += V^T P^T
@@ -392,7 +446,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         }
       }
       const int mi = lane >> 3, r7 = lane & 7;
-      const uint32_t p_base = s_base + L::probs;
+      const uint32_t p_base = s_base + L::probs + gofs;
 #pragma unroll
       for (int kk = 0; kk < KM; ++kk) {
         uint32_t b[HN][2];
@@ -420,6 +474,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
         }
       }
     }
+    if constexpr (kGroups > 1) {  // the first group is done with tile j's stage
+      if (grp == 0 && j + 2 < num_tiles) ptx::bar_arrive(kBarEmpty + (j & 1), NT + LTHREADS);
+    }
     PHASE_MARK(6);
   }
   ptx::cp_async_wait<0>();
@@ -444,7 +501,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS, 1) sparse_mla_kernel(const Spar
   const int d_base = warp * Cfg::DW;
   if (p.num_splits == 1) {
     // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores
-    uint8_t* stage = smem + L::q;
+    uint8_t* stage = smem + L::q + grp * HG * Cfg::kRowBytes;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn) {
       float inv[2];

@@ -46,10 +46,14 @@ struct TileConfig {
   static constexpr int kTileBytes = BK * kRowBytes;
   static constexpr int kRawBytes = BK * kDataBytes;      // fp8 records, data part
   static constexpr int kRawScaleBytes = BK * kScaleBytes;
-  template <bool kFp8>
+  // kGroups > 1 (ping-pong prefill): the block holds kGroups groups of NWARPS warps, each
+  // with its own HG heads (Q rows, scores, P, statistics) over the same K/V stages; the
+  // per-group buffers (scores .. stat_l) repeat after the first group's, group g's at
+  // + g * group_stride (valid: the first group's, shared).
+  template <bool kFp8, int kGroups = 1>
   struct Layout {
     static constexpr int q = 0;
-    static constexpr int kv = q + HG * kRowBytes;
+    static constexpr int kv = q + kGroups * HG * kRowBytes;
     static constexpr int kv_tiles = kFp8 ? 1 : STAGES;
     static constexpr int raw = kv + kv_tiles * kTileBytes;
     static constexpr int raw_scale = raw + (kFp8 ? STAGES * kRawBytes : 0);
@@ -59,7 +63,9 @@ struct TileConfig {
     static constexpr int alpha = valid + STAGES * BK * 4;
     static constexpr int stat_m = alpha + HG * 4;
     static constexpr int stat_l = stat_m + HG * 4;
-    static constexpr int total = stat_l + HG * 4;
+    static constexpr int group_stride = stat_l + HG * 4 - scores;
+    static constexpr int total = stat_l + HG * 4 + (kGroups - 1) * group_stride;
+    static_assert(group_stride % 16 == 0, "per-group buffers keep 16-byte alignment");
   };
 };
 

@@ -25,6 +25,22 @@ __device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
   return v;
 }
 
+// The same loads with an L2 prefetch-size hint (PTX ISA 7.4, sm_80+): on a miss the L2
+// fetches the whole aligned 256-byte block around the address.
+__device__ __forceinline__ uint4 ld_nc_l2_256_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 ld_nc_l2_256_v2(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t ld_nc_u32(const void* p) {
   uint32_t v;
   asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));

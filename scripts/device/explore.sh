@@ -8,7 +8,8 @@
 #   bench         attention sweep (ATTN_SWEEP entries NAME or NAME=ENV=VAL,ENV=VAL; the
 #                 "default" one also sweeps batch-1 split counts), bench_cache with
 #                 baselines, bench_cache --ours-only for each gather knob set in GATHER_SWEEP
-#                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>)
+#                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>), then each COMBINE_SWEEP
+#                 set ($DEEPINFER_COMBINE_<KNOB>)
 #   attention     attention tests + sweep for each ATTN_SWEEP entry (B1=1: the default one
 #                 also sweeps batch-1 split counts)
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
@@ -19,13 +20,19 @@
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
 #                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
+#   cache         bench_cache with baselines, then the GATHER_SWEEP knob sets (no attention)
 #   all           tests, bench, profile
-#   bash scripts/device/explore.sh [tests|bench|attention|profile|profile-full|all]
+# Several modes in one call (one build): comma-separated, e.g. tests,cache.
+#   bash scripts/device/explore.sh [tests|bench|cache|attention|profile|profile-full|all][,...]
 set -uo pipefail
 MODE=${1:-all}
-[ "$MODE" = phases ] && export NVCC_APPEND_FLAGS="-DDEEPINFER_ATTN_PHASE_CLOCKS"
+mode() {  # mode NAME: NAME was asked for (all implies tests, bench, profile)
+  case ",$MODE," in *",$1,"*) return 0 ;; esac
+  [ "$MODE" = all ] && { [ "$1" = tests ] || [ "$1" = bench ] || [ "$1" = profile ]; }
+}
+mode phases && export NVCC_APPEND_FLAGS="-DDEEPINFER_ATTN_PHASE_CLOCKS"
 source "$(dirname "$0")/bundle_env.sh" explore
-if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+if mode tests; then
   t0=$SECONDS
   timeout 300 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py tests/gpu/test_cache_kernels.py \
     tests/gpu/test_index_kernels.py > "$OUT/tests.log" 2>&1 || rc=1
@@ -37,8 +44,14 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
       > "$OUT/tests-gather-$v.log" 2>&1 || rc=1
     echo "gather $v: $(tail -1 "$OUT/tests-gather-$v.log")"
   done
+  for v in ${COMBINE_TESTS:-SPLIT=2 SPLIT=4}; do  # combine knobs ($DEEPINFER_COMBINE_<KNOB>)
+    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_COMBINE_\1/g; s/,/ /g')
+    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k combine tests/gpu/test_index_kernels.py \
+      > "$OUT/tests-combine-$v.log" 2>&1 || rc=1
+    echo "combine $v: $(tail -1 "$OUT/tests-combine-$v.log")"
+  done
 fi
-if [ "$MODE" = attention ]; then  # one attention A/B: ATTN_SWEEP variants, tests for each
+if mode attention; then  # one attention A/B: ATTN_SWEEP variants, tests for each
   for v in ${ATTN_SWEEP:-default}; do
     name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
     env ${envs//,/ } timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
@@ -50,7 +63,7 @@ if [ "$MODE" = attention ]; then  # one attention A/B: ATTN_SWEEP variants, test
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
 fi
-if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+if mode bench; then
   t0=$SECONDS
   # variants: name=ENV settings (comma-separated); the first also sweeps batch-1 splits
   for v in ${ATTN_SWEEP:-default}; do
@@ -65,38 +78,46 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
     --smem-cap 101376 > "$OUT/explore_attention_h16.log" 2>&1 || rc=1
   grep '"heads": 64' "$OUT/explore_attention_h16.log" | grep -v kernels | cut -c1-200
   echo "=== attention sweep ($((SECONDS - t0)) s)"
+fi
+if mode bench || mode cache; then
   t0=$SECONDS
   DEEPINFER_BENCH_COMMAND="bash scripts/device/explore.sh : bench/bench_cache.py --no-doc" \
     timeout 240 $PY bench/bench_cache.py --no-doc > "$OUT/bench-cache.log" 2>&1 || rc=1
-  grep -E "us |FAIL" "$OUT/bench-cache.log" | head -40
+  grep -E "us( |$)|FAIL" "$OUT/bench-cache.log" | head -60
   for v in ${GATHER_SWEEP:-INFLIGHT=8 BLOCKS_PER_SM=4 STORE=cs}; do
     envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
     env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-$v.log" 2>&1
     echo "--- gather $v"
     grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-$v.log"
   done
+  for v in ${COMBINE_SWEEP:-}; do
+    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_COMBINE_\1/g; s/,/ /g')
+    env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-combine-$v.log" 2>&1
+    echo "--- combine $v"
+    grep -E "^combine .* ours|FAIL" "$OUT/bench-cache-combine-$v.log"
+  done
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
 fi
-if [ "$MODE" = profile-full ]; then  # every memory / scheduler section for gather and copy
+if mode profile-full; then  # every memory / scheduler section for gather and copy
   timeout 300 ncu --clock-control none --kernel-name-base demangled -k "regex:gather_k|bitwise_not" \
     --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats $PY bench/profile_gather.py > "$OUT/ncu_gather_full.txt" 2>&1
   grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_gather_full.txt" | grep -v "^    -" | cut -c1-120 | head -150
 fi
-if [ "$MODE" = b1 ]; then  # batch-1 decode: split sweep per forced head group
+if mode b1; then  # batch-1 decode: split sweep per forced head group
   for hg in ${B1_HEADS:-8 16 32}; do
     DEEPINFER_ATTN_DECODE_HEADS=$hg timeout 120 $PY bench/explore_attention.py --tag "b1-h$hg" --b1-only \
       --smem-cap 166912 > "$OUT/explore_attention_b1_h$hg.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_b1_h$hg.log" | grep '"heads": 64' | cut -c1-160
   done
 fi
-if [ "$MODE" = phases ]; then
+if mode phases; then
   timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks.log" 2>&1 || rc=1
   cat "$OUT/phase_clocks.log" | cut -c1-260
 fi
-if [ "$MODE" = profile-attn ]; then
+if mode profile-attn; then
   t0=$SECONDS
   timeout 240 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
     --launch-count 4 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
@@ -113,7 +134,7 @@ if [ "$MODE" = profile-attn ]; then
   grep -v "^\[" "$OUT/explore_attention_b1.log" | grep -v "kernels\|Warn\|warn" | cut -c1-160
   echo "=== profile-attn ($((SECONDS - t0)) s)"
 fi
-if [ "$MODE" = profile ] || [ "$MODE" = all ]; then
+if mode profile; then
   t0=$SECONDS
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct
   timeout 150 ncu --clock-control none --kernel-name-base demangled -k "regex:gather_k|bitwise_not" \
