@@ -60,24 +60,15 @@ struct EntryLoads {
 };
 
 template <bool kL2Hint>
-__device__ __forceinline__ uint2 ld_data_v2(const void* p) {
-  if constexpr (kL2Hint) return ld_nc_l2_256_v2(p); else return ld_nc_v2(p);
-}
-template <bool kL2Hint>
-__device__ __forceinline__ uint4 ld_data_v4(const void* p) {
-  if constexpr (kL2Hint) return ld_nc_l2_256_v4(p); else return ld_nc_v4(p);
-}
-
-template <bool kL2Hint>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
                                                  int lane) {
   EntryLoads e;
-  e.a = ld_data_v2<kL2Hint>(entry + 8 * lane);
+  e.a = ld_nc_v2<kL2Hint>(entry + 8 * lane);
   if (lane < 24) {
-    const uint2 t = ld_data_v2<kL2Hint>(entry + 256 + 8 * lane);
+    const uint2 t = ld_nc_v2<kL2Hint>(entry + 256 + 8 * lane);
     e.b = make_uint4(t.x, t.y, 0u, 0u);
   } else {
-    e.b = ld_data_v4<kL2Hint>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
+    e.b = ld_nc_v4<kL2Hint>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
   }
   e.scales = ld_nc_v2(scales);
   return e;

@@ -11,33 +11,31 @@
 
 namespace deepinfer_sm80 {
 
+// Read-only global loads. kL2Hint: with the L2 prefetch-size hint (PTX ISA 7.4, sm_80+),
+// on a miss the L2 fetches the whole aligned 256-byte block around the address.
+template <bool kL2Hint = false>
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kL2Hint) {
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  }
   return v;
 }
 
+template <bool kL2Hint = false>
 __device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
   uint2 v;
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
-// The same loads with an L2 prefetch-size hint (PTX ISA 7.4, sm_80+): on a miss the L2
-// fetches the whole aligned 256-byte block around the address.
-__device__ __forceinline__ uint4 ld_nc_l2_256_v4(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint2 ld_nc_l2_256_v2(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  if constexpr (kL2Hint) {
+    asm volatile("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  }
   return v;
 }
 
