@@ -14,6 +14,7 @@
 #                 also sweeps batch-1 split counts)
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
 #   profile-full  the same with every memory / scheduler section
+#   profile-combine  Nsight Compute of the combine at T=1536 next to a same-bytes copy (L2-warm)
 #   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
@@ -133,6 +134,25 @@ if mode profile-attn; then
     > "$OUT/explore_attention_b1.log" 2>&1 || rc=1
   grep -v "^\[" "$OUT/explore_attention_b1.log" | grep -v "kernels\|Warn\|warn" | cut -c1-160
   echo "=== profile-attn ($((SECONDS - t0)) s)"
+fi
+if mode profile-combine; then  # combine T=1536 next to a same-bytes copy, caches kept (L2-warm)
+  t0=$SECONDS
+  timeout 200 ncu --clock-control none --cache-control none --kernel-name-base demangled \
+    -k "regex:combine_kernel|bitwise_not" --launch-skip 2 --launch-count 4 \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis \
+    $PY bench/profile_combine.py > "$OUT/ncu_combine.txt" 2>&1
+  grep -E "^  [a-z].*\(|Duration|Elapsed Cycles|Throughput|Registers|Achieved Occupancy|Issued Warp|No Eligible|Active Warps|Eligible Warps|Warp Cycles Per|Block Limit|Grid Size|Block Size|Hit Rate|Mem Busy|Max Bandwidth" \
+    "$OUT/ncu_combine.txt" | cut -c1-120 | head -90
+  # one warm launch of the combine with per-SASS-instruction execution counts (CSV)
+  timeout 150 ncu --clock-control none --cache-control none --kernel-name-base demangled \
+    -k "regex:combine_kernel" --launch-skip 2 --launch-count 1 --section SourceCounters \
+    --section InstructionStats -o /tmp/comb $PY bench/profile_combine.py > "$OUT/ncu_comb.log" 2>&1 || rc=1
+  ncu -i /tmp/comb.ncu-rep --page details > "$OUT/ncu_comb_details.txt" 2>&1
+  grep -E "Executed Instructions|Issued Instructions|Branch Instructions" "$OUT/ncu_comb_details.txt" | head
+  ncu -i /tmp/comb.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_comb_sass.csv" 2>&1
+  wc -l "$OUT/ncu_comb_sass.csv"
+  echo "=== profile-combine ($((SECONDS - t0)) s)"
 fi
 if mode profile; then
   t0=$SECONDS
