@@ -72,18 +72,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     const int b = lo;
     RowPlan plan{0, 0, 0, 0};
     if (p.num_reqs > 0) {
-      // The row's header loads are issued together, before the range test: as plain loads,
-      // nvcc sank seq_lens / gather_lens into the branch below, which then waited for
-      // query_start_loc first (two dependent round trips; SASS and stall samples by Nsight
-      // Compute, bench/profile_combine.py). The asm loads keep their place.
-      const int qs = static_cast<int>(ld_nc_u32(p.query_start_loc + b)) - q0;
-      const int qe = static_cast<int>(ld_nc_u32(p.query_start_loc + b + 1)) - q0;
-      const int seq_len = static_cast<int>(ld_nc_u32(p.seq_lens + b));
-      const int gather_len = static_cast<int>(ld_nc_u32(p.gather_lens + b));
+      const int qs = p.query_start_loc[b] - q0;
+      const int qe = p.query_start_loc[b + 1] - q0;
+      const int seq_len = p.seq_lens[b];
+      const int gather_len = p.gather_lens[b];
       int left = 0, right = 0;
       if (p.image_width > 0) {
-        left = static_cast<int>(ld_nc_u32(p.left_visible + t));
-        right = static_cast<int>(ld_nc_u32(p.right_visible + t));
+        left = p.left_visible[t];
+        right = p.right_visible[t];
       }
       if (qs <= t && t < qe) {
         const int pos = seq_len - (qe - qs) + (t - qs);
