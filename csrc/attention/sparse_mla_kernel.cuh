@@ -305,36 +305,26 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
         a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
         b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
       }
-      // The fragments of k-step ks+1 are loaded before the MMAs of k-step ks (ldmatrix and
-      // mma are volatile asm: they issue in source order, so without this each k-step waited
-      // for its own ldmatrix results; phase clocks showed ~1,750 cycles for 128 MMAs).
-      uint32_t bf[2][NTW][2], af[2][KMW][4];
-      auto load_frags = [&](int ks, int buf) {
-        const int u = ks & 3;
+#pragma unroll
+      for (int ks = 0; ks < KS_PER; ++ks) {
+        const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
         const uint32_t koff = (ks >> 2) * 128;
+        uint32_t bf[NTW][2];
         if constexpr (NTW == 1) {
-          ptx::ldmatrix_x2(b_addr[u] + koff, bf[buf][0][0], bf[buf][0][1]);
+          ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
         } else {
 #pragma unroll
           for (int n = 0; n < NTW; n += 2)
-            ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[buf][n][0], bf[buf][n][1],
-                             bf[buf][n + 1][0], bf[buf][n + 1][1]);
+            ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
+                             bf[n + 1][1]);
         }
 #pragma unroll
-        for (int a = 0; a < KMW; ++a)
-          ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[buf][a][0], af[buf][a][1],
-                           af[buf][a][2], af[buf][a][3]);
-      };
-      load_frags(0, 0);
+        for (int a = 0; a < KMW; ++a) {
+          uint32_t af[4];
+          ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
 #pragma unroll
-      for (int ks = 0; ks < KS_PER; ++ks) {
-        const int cur = ks & 1, c = CH == 2 ? (ks & 1) : 0;
-        if (ks + 1 < KS_PER) load_frags(ks + 1, cur ^ 1);
-#pragma unroll
-        for (int a = 0; a < KMW; ++a)
-#pragma unroll
-          for (int n = 0; n < NTW; ++n)
-            ptx::mma_bf16_16816(sacc[c][a][n], af[cur][a], bf[cur][n][0], bf[cur][n][1]);
+          for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
+        }
       }
       if constexpr (CH == 2) {
 #pragma unroll
