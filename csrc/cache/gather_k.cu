@@ -105,9 +105,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming>(out_row + 256 + 8 * lane, hi);
 }
 
-// kRuns: a warp's entries in runs of kInFlight consecutive ones (each round of loads reads
-// kInFlight adjacent records) instead of one entry every nwarps (benchmark knob).
-template <int kInFlight, bool kStreaming, bool kL2Hint = false, bool kRuns = false>
+template <int kInFlight, bool kStreaming, bool kL2Hint = false>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -122,16 +120,12 @@ gather_k_kernel(const GatherKParams p) {
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
   uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
 
-  // Batches of up to 32 entries per warp, in runs of G consecutive entries (G = 1: entry
-  // i_k = base + k * nwarps, k < 32).
-  constexpr int G = kRuns ? kInFlight : 1;
-  auto entry = [&](int64_t b, int k) -> int64_t { return (b + (k / G) * nwarps) * G + (k % G); };
-  const int64_t units = (static_cast<int64_t>(gather_len) + G - 1) / G;
-  for (int64_t base = warp; base < units; base += (32 / G) * nwarps) {
+  // Batches of up to 32 entries per warp: entry i_k = base + k * nwarps, k < 32.
+  for (int64_t base = warp; base < gather_len; base += 32 * nwarps) {
     // Lane k resolves entry i_k: (physical block << 16) | position in block, or -1 when
     // the entry must be skipped (out-of-range position, block-table column, block id or
     // output row: never read or written out of bounds).
-    const int64_t i = entry(base, lane);
+    const int64_t i = base + lane * nwarps;
     int64_t packed = -1;
     if (i < gather_len) {
       const int64_t pos = start + i;
@@ -143,7 +137,7 @@ gather_k_kernel(const GatherKParams p) {
         }
       }
     }
-    const int64_t remaining = G * ((units - base + nwarps - 1) / nwarps);
+    const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
     for (int k = 0; k < n; k += kInFlight) {
       int64_t ep[kInFlight];
@@ -161,19 +155,19 @@ gather_k_kernel(const GatherKParams p) {
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (has[j]) {
-          store_entry<kStreaming>(out_req + (p.offset + entry(base, k + j)) * p.out_stride1, e[j], lane);
+          store_entry<kStreaming>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane);
         }
       }
     }
   }
 }
 
-template <int kInFlight, bool kStreaming, bool kL2Hint, bool kRuns>
+template <int kInFlight, bool kStreaming, bool kL2Hint>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming, kL2Hint, kRuns>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming, kL2Hint>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -198,26 +192,25 @@ int gather_per_warp() {
   return v;
 }
 
-template <int kInFlight, bool kStreaming, bool kL2Hint = false, bool kRuns = false>
+template <int kInFlight, bool kStreaming, bool kL2Hint = false>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kL2Hint, kRuns>();
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kL2Hint>();
   const int64_t per_block = int64_t{kWarpsPerBlock} * gather_per_warp();
   int64_t x = per_block > 0 ? (rows + per_block - 1) / per_block : total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming, kL2Hint, kRuns><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming, kL2Hint><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
 //   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
 //   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size;
-//   $DEEPINFER_GATHER_ORDER = runs: a warp's entries in runs of 4 consecutive ones;
 //   $DEEPINFER_GATHER_L2 = 0: record loads without the L2::256B prefetch-size hint (the
 //   default with 4 in flight and plain stores has it: 0.4-1.6% faster in four same-run
 //   comparisons on the H200, 2026-11-29).
@@ -229,10 +222,8 @@ int gather_variant() {
     const int inflight = (want == 2 || want == 8) ? want : 4;
     const char* l2 = std::getenv("DEEPINFER_GATHER_L2");
     const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
-    const char* order = std::getenv("DEEPINFER_GATHER_ORDER");
     const bool hint = !(l2 != nullptr && std::strcmp(l2, "0") == 0) && inflight == 4 && !cs;
-    const bool runs = order != nullptr && std::strcmp(order, "runs") == 0 && hint;
-    return runs ? 100 : hint ? 36 : inflight + (cs ? 1 : 0);
+    return hint ? 36 : inflight + (cs ? 1 : 0);
   }();
   return v;
 }
@@ -248,7 +239,6 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     case 36: launch<4, false, true>(p, lim, stream); break;
-    case 100: launch<4, false, true, true>(p, lim, stream); break;
     default: launch<4, false>(p, lim, stream); break;
   }
 }
