@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SM80 sparse MLA attention: one block = one query token x one group of HG heads x one
-// split of the token's key list. Keys stream through shared memory in tiles of BK:
+// split of the token's key list (the 64-head prefill: kGroups = 2 groups of HG = 32 heads,
+// 4 warps each, over shared key stages; see kBarGroup below). Keys stream through shared
+// memory in tiles of BK:
 //   bf16 source (prefill): cp.async of 1 KB rows straight into the swizzled tile;
 //   fp8 source (decode):   cp.async of the raw 584-byte records, then an exact in-block
 //                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile.
