@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
   constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, KMW = Cfg::KMW, DM = Cfg::DM,
                 TPH = Cfg::TPH;
-  static_assert(kGroups == 1 || (kGroups == 2 && !kFp8), "ping-pong: two groups, bf16 keys");
+  static_assert(kGroups == 1 || (kGroups == 2 && !kFp8), "two-group tile: bf16 keys only");
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = ptx::smem_u32(smem);
@@ -353,12 +353,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
       if (j + 1 < num_tiles) issue_tile(j + 1);
       if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
-    if constexpr (kGroups == 1) ptx::cp_async_commit();
-    if constexpr (kGroups > 1) {  // the second group's copies of tile j+1 landed: tell the first
-      if (loader && j + 1 < num_tiles) {
-        ptx::cp_async_wait<0>();
-        ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
-      }
+    if constexpr (kGroups == 1) {
+      ptx::cp_async_commit();
+    } else if (loader && j + 1 < num_tiles) {  // the second group's copies of tile j+1 landed
+      ptx::cp_async_wait<0>();
+      ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
     }
     // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
     // memory) so that their latency and shared-memory traffic overlap the softmax.

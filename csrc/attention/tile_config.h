@@ -46,7 +46,7 @@ struct TileConfig {
   static constexpr int kTileBytes = BK * kRowBytes;
   static constexpr int kRawBytes = BK * kDataBytes;      // fp8 records, data part
   static constexpr int kRawScaleBytes = BK * kScaleBytes;
-  // kGroups > 1 (ping-pong prefill): the block holds kGroups groups of NWARPS warps, each
+  // kGroups > 1 (the two-group 64-head prefill): the block holds kGroups groups of NWARPS warps, each
   // with its own HG heads (Q rows, scores, P, statistics) over the same K/V stages; the
   // per-group buffers (scores .. stat_l) repeat after the first group's, group g's at
   // + g * group_stride (valid: the first group's, shared).

@@ -11,7 +11,8 @@
 // of kInFlight entries (default 4) before any store. The grid is (blocks per request, requests), sized
 // from the SM count and the kernel's occupancy so that the whole GPU is covered once. The
 // record loads carry the L2::256B prefetch-size hint (an entry's 576 data bytes span 2-3
-// aligned 256-byte blocks, read by three load instructions of the warp).
+// aligned 256-byte blocks, read by three load instructions of the warp): 0.4-1.6% faster
+// than without it in four same-run comparisons on the H200 (2026-11-29).
 //
 // Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
 // 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
@@ -59,27 +60,25 @@ struct EntryLoads {
   uint2 scales;  // the entry's 8 scale bytes
 };
 
-template <bool kL2Hint>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
                                                  int lane) {
   EntryLoads e;
-  e.a = ld_nc_v2<kL2Hint>(entry + 8 * lane);
+  e.a = ld_nc_v2<true>(entry + 8 * lane);
   if (lane < 24) {
-    const uint2 t = ld_nc_v2<kL2Hint>(entry + 256 + 8 * lane);
+    const uint2 t = ld_nc_v2<true>(entry + 256 + 8 * lane);
     e.b = make_uint4(t.x, t.y, 0u, 0u);
   } else {
-    e.b = ld_nc_v4<kL2Hint>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
+    e.b = ld_nc_v4<true>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
   }
   e.scales = ld_nc_v2(scales);
   return e;
 }
 
-template <bool kL2Hint>
 __device__ __forceinline__ EntryLoads load_packed(const GatherKParams& p, int64_t packed,
                                                   int lane) {
   const int in_blk = static_cast<int>(packed & 0xFFFF);
   const uint8_t* blk = kv_record::block_base(p.cache, packed >> 16, p.block_stride);
-  return load_entry<kL2Hint>(blk + kv_record::data_offset(in_blk),
+  return load_entry(blk + kv_record::data_offset(in_blk),
                     blk + kv_record::scale_offset(p.block_size, in_blk), lane);
 }
 
@@ -105,7 +104,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming>(out_row + 256 + 8 * lane, hi);
 }
 
-template <int kInFlight, bool kStreaming, bool kL2Hint = false>
+template <int kInFlight, bool kStreaming>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -150,7 +149,7 @@ gather_k_kernel(const GatherKParams p) {
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
-        if (has[j]) e[j] = load_packed<kL2Hint>(p, ep[j], lane);
+        if (has[j]) e[j] = load_packed(p, ep[j], lane);
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
@@ -162,12 +161,12 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
-template <int kInFlight, bool kStreaming, bool kL2Hint>
+template <int kInFlight, bool kStreaming>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming, kL2Hint>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -181,49 +180,32 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-// $DEEPINFER_GATHER_PER_WARP = e (benchmark knob): instead of one resident wave sized from
-// the SM count, ceil(rows / (8 e)) blocks per request, at most e entries per warp
-int gather_per_warp() {
-  static int v = [] {
-    const char* e = std::getenv("DEEPINFER_GATHER_PER_WARP");
-    const int n = e != nullptr ? std::atoi(e) : 0;
-    return n > 0 ? n : 0;
-  }();
-  return v;
-}
-
-template <int kInFlight, bool kStreaming, bool kL2Hint = false>
+template <int kInFlight, bool kStreaming>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kL2Hint>();
-  const int64_t per_block = int64_t{kWarpsPerBlock} * gather_per_warp();
-  int64_t x = per_block > 0 ? (rows + per_block - 1) / per_block : total / p.num_reqs;
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming>();
+  int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming, kL2Hint><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
 //   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
-//   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size;
-//   $DEEPINFER_GATHER_L2 = 0: record loads without the L2::256B prefetch-size hint (the
-//   default with 4 in flight and plain stores has it: 0.4-1.6% faster in four same-run
-//   comparisons on the H200, 2026-11-29).
+//   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size.
 int gather_variant() {
   static int v = [] {
     const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
     const char* st = std::getenv("DEEPINFER_GATHER_STORE");
     const int want = e != nullptr ? std::atoi(e) : 4;
     const int inflight = (want == 2 || want == 8) ? want : 4;
-    const char* l2 = std::getenv("DEEPINFER_GATHER_L2");
     const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
-    const bool hint = !(l2 != nullptr && std::strcmp(l2, "0") == 0) && inflight == 4 && !cs;
-    return hint ? 36 : inflight + (cs ? 1 : 0);
+    return inflight + (cs ? 1 : 0);
   }();
   return v;
 }
@@ -238,7 +220,6 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 5: launch<4, true>(p, lim, stream); break;
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
-    case 36: launch<4, false, true>(p, lim, stream); break;
     default: launch<4, false>(p, lim, stream); break;
   }
 }

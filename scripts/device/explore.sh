@@ -8,8 +8,7 @@
 #   bench         attention sweep (ATTN_SWEEP entries NAME or NAME=ENV=VAL,ENV=VAL; the
 #                 "default" one also sweeps batch-1 split counts), bench_cache with
 #                 baselines, bench_cache --ours-only for each gather knob set in GATHER_SWEEP
-#                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>), then each COMBINE_SWEEP
-#                 set ($DEEPINFER_COMBINE_<KNOB>)
+#                 (KNOB=VAL,KNOB=VAL for $DEEPINFER_GATHER_<KNOB>)
 #   attention     attention tests + sweep for each ATTN_SWEEP entry (B1=1: the default one
 #                 also sweeps batch-1 split counts)
 #   profile       Nsight Compute metrics of the gather next to a same-bytes copy
@@ -44,12 +43,6 @@ if mode tests; then
     env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
       > "$OUT/tests-gather-$v.log" 2>&1 || rc=1
     echo "gather $v: $(tail -1 "$OUT/tests-gather-$v.log")"
-  done
-  for v in ${COMBINE_TESTS:-SPLIT=2 SPLIT=4}; do  # combine knobs ($DEEPINFER_COMBINE_<KNOB>)
-    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_COMBINE_\1/g; s/,/ /g')
-    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k combine tests/gpu/test_index_kernels.py \
-      > "$OUT/tests-combine-$v.log" 2>&1 || rc=1
-    echo "combine $v: $(tail -1 "$OUT/tests-combine-$v.log")"
   done
 fi
 if mode attention; then  # one attention A/B: ATTN_SWEEP variants, tests for each
@@ -90,12 +83,6 @@ if mode bench || mode cache; then
     env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-$v.log" 2>&1
     echo "--- gather $v"
     grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-$v.log"
-  done
-  for v in ${COMBINE_SWEEP:-}; do
-    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_COMBINE_\1/g; s/,/ /g')
-    env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-combine-$v.log" 2>&1
-    echo "--- combine $v"
-    grep -E "^combine .* ours|FAIL" "$OUT/bench-cache-combine-$v.log"
   done
   echo "=== cache sweep ($((SECONDS - t0)) s)"
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$OUT/" \;
