@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   long long ph_t = ph_start;
   unsigned long long ph_ns0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns0));
+  long long ph_epi = 0;
 #endif
   // ---- work items: (token, split, head group); a block runs items blockIdx.x,
   // blockIdx.x + gridDim.x, ... (a persistent grid of a few blocks per SM, or one item per
@@ -554,6 +555,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     ptx::cp_async_wait<0>();
     group_sync();
   }
+#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
+  const long long ph_epi0 = clock64();
+#endif
   // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
   // or the split partials) from registers; s_m / s_l serve the normalisation of O.
   if (sm_part == 0) {
@@ -625,6 +629,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
       p.part_ml[ml + 2 * p.num_heads + head0 + sm_head] = lx_run;
     }
   }
+#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
+  ph_epi += clock64() - ph_epi0;
+  ph_t = clock64();
+#endif
   }  // items
   ptx::cp_async_wait<0>();
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
@@ -633,10 +641,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     unsigned long long ph_ns1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns1));
     printf("PHASE HG=%d fp8=%d blk=%d warp=%d tiles=%d total=%lld ns=%lld pro=%lld wait=%lld deq=%lld "
-           "score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld\n",
+           "score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld\n",
            HG, kFp8 ? 1 : 0, blockIdx.x, warp, total_tiles, tot, static_cast<long long>(ph_ns1 - ph_ns0),
            ph_cyc[7], ph_cyc[0], ph_cyc[1],
-           ph_cyc[2], ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6]);
+           ph_cyc[2], ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], ph_epi);
   }
 #endif
 }

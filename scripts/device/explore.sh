@@ -101,9 +101,12 @@ if mode b1; then  # batch-1 decode: split sweep per forced head group
     grep -v "^\[" "$OUT/explore_attention_b1_h$hg.log" | grep '"heads": 64' | cut -c1-160
   done
 fi
-if mode phases; then
-  timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks.log" 2>&1 || rc=1
-  cat "$OUT/phase_clocks.log" | cut -c1-260
+if mode phases; then  # ATTN_SWEEP variants as in the attention mode
+  for v in ${ATTN_SWEEP:-default}; do
+    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
+    env ${envs//,/ } timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks_$name.log" 2>&1 || rc=1
+    echo "--- phases ($name)"; cut -c1-300 "$OUT/phase_clocks_$name.log"
+  done
 fi
 if mode profile-attn; then
   t0=$SECONDS
