@@ -114,11 +114,12 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   // pipeline runs on across item boundaries, and an item's Q is loaded while the previous
   // item finishes its last tile.
   const int groups = (p.num_heads + HG * kGroups - 1) / (HG * kGroups);
-  const long long num_items = static_cast<long long>(p.num_tokens) * p.num_splits * groups;
+  // 32-bit item arithmetic: the launcher keeps items below 2^31, so it + gridDim.x < 2^32
+  const unsigned num_items = static_cast<unsigned>(p.num_tokens) * p.num_splits * groups;
   struct Item {
     int tok, hgi, split, len0, k_begin, k_end, tiles;
   };
-  auto item_at = [&](long long it) {
+  auto item_at = [&](unsigned it) {
     Item r;
     r.hgi = static_cast<int>(it % groups);
     it /= groups;
@@ -135,16 +136,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     r.tiles = r.k_end > r.k_begin ? (r.k_end - r.k_begin + BK - 1) / BK : 0;
     return r;
   };
-  // tiles of all of this block's items (every warp sums them, 32 items per round)
-  int total_tiles = 0;
-  for (long long it0 = blockIdx.x; it0 < num_items; it0 += 32LL * gridDim.x) {
-    const long long it = it0 + static_cast<long long>(lane) * gridDim.x;
-    total_tiles += it < num_items ? item_at(it).tiles : 0;
-  }
-  total_tiles = __reduce_add_sync(0xffffffffu, total_tiles);
-
   // ---- Q: HG rows of 512 bf16 per group (zero rows past the head count)
-  auto load_q = [&](long long it) {
+  auto load_q = [&](unsigned it) {
     const int tok_ = static_cast<int>(it / groups / p.num_splits);
     const int head0_ = (static_cast<int>(it % groups) * kGroups + grp) * HG;
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok_ * p.q_stride_tok;
@@ -156,6 +149,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     }
   };
   load_q(blockIdx.x);
+
+  // tiles of all of this block's items (every warp sums them, 32 items per round)
+  int total_tiles = 0;
+  for (long long it0 = blockIdx.x; it0 < num_items; it0 += 32LL * gridDim.x) {
+    const long long it = it0 + static_cast<long long>(lane) * gridDim.x;
+    total_tiles += it < num_items ? item_at(static_cast<unsigned>(it)).tiles : 0;
+  }
+  total_tiles = __reduce_add_sync(0xffffffffu, total_tiles);
+
 
   // ---- tile loader: the warps that the score MMA leaves idle (S_WARPS..NWARPS-1) copy the
   // next tile while the score warps compute, so the copies' issue is off the critical path
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   // resolves next; advance_cursor moves it on, past items without keys.
   int nidx[LRPT];     // indices of the thread's rows of the next tile (-1: invalid or past the list)
   unsigned nsec = 0;  // bit r: row r comes from the second source
-  long long c_it = blockIdx.x;
+  unsigned c_it = blockIdx.x;
   int c_j = 0;
   Item ci{};
   auto seek_keys = [&] {
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   int J = 0;  // tile number over all of the block's items (stage J % 2)
 
   PHASE_MARK(7);
-  for (long long item = blockIdx.x; item < num_items; item += gridDim.x) {
+  for (unsigned item = blockIdx.x; item < num_items; item += gridDim.x) {
   const Item cur = item_at(item);
   const int tok = cur.tok;
   const int head0 = (cur.hgi * kGroups + grp) * HG;
@@ -568,11 +570,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   const int d_base = warp * Cfg::DW;
   if (p.num_splits == 1) {
     group_sync();
-    // normalise and store straight from the accumulators: lanes g and g^1 swap one value
-    // each, so that an even-g lane holds dims (g, g+1) of head 2t and an odd-g lane dims
-    // (g-1, g) of head 2t+1: one 4-byte store per pair (the Q area is not free for staging
-    // any more: the next item's Q is already coming in)
+    // normalise; then, per 8 heads, stage bf16 rows [head][dim] in the group's score buffers
+    // (free until the group's next score phase; the Q area is not: the next item's Q is
+    // already coming in) and write them out with 16-byte stores. Configurations whose score
+    // buffers hold less than 8 rows (8 heads) store straight from the accumulators: lanes g
+    // and g^1 swap one value each, so that an even-g lane holds dims (g, g+1) of head 2t and
+    // an odd-g lane dims (g-1, g) of head 2t+1, one 4-byte store per pair.
+    constexpr bool kStaged = Cfg::KSPLIT * BK * Cfg::S_STRIDE * 4 >= 8 * Cfg::kRowBytes;
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
+    uint8_t* stage = reinterpret_cast<uint8_t*>(s_scores);
     const int odd = g & 1;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn) {
@@ -585,19 +591,42 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
         if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m);
         inv[e] = l > 0.f ? 1.f / den : 0.f;
       }
-      const int h = head0 + hn * 8 + 2 * t + odd;
-      __nv_bfloat16* orow = out + static_cast<int64_t>(h < p.num_heads ? h : 0) * p.out_stride_head;
+      if constexpr (kStaged) {
 #pragma unroll
-      for (int dm = 0; dm < DM; ++dm)
+        for (int dm = 0; dm < DM; ++dm) {
+          const int d = d_base + dm * 16 + g;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float v0 = acc[dm][hn][2 * half] * inv[0];      // head 2t,   dim d_g
-          const float v1 = acc[dm][hn][2 * half + 1] * inv[1];  // head 2t+1, dim d_g
-          const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-          const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(recv, v1) : __floats2bfloat162_rn(v0, recv);
-          const int d = d_base + dm * 16 + half * 8 + (g & ~1);
-          if (h < p.num_heads) *reinterpret_cast<__nv_bfloat162*>(orow + d) = pair;
+          for (int e = 0; e < 4; ++e) {
+            const int r = 2 * t + (e & 1);
+            const int dd = d + (e >> 1) * 8;
+            *reinterpret_cast<__nv_bfloat16*>(stage + swz(r, dd >> 3) + (dd & 7) * 2) =
+                __float2bfloat16_rn(acc[dm][hn][e] * inv[e & 1]);
+          }
         }
+        group_sync();
+        for (int i = tid; i < 8 * 64; i += NT) {
+          const int r = i >> 6, c = i & 63, h = head0 + hn * 8 + r;
+          if (h < p.num_heads)
+            *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
+                *reinterpret_cast<const uint4*>(stage + swz(r, c));
+        }
+        if (hn + 1 < HN) group_sync();  // the stage is rewritten by the next 8 heads
+      } else {
+        const int h = head0 + hn * 8 + 2 * t + odd;
+        __nv_bfloat16* orow = out + static_cast<int64_t>(h < p.num_heads ? h : 0) * p.out_stride_head;
+#pragma unroll
+        for (int dm = 0; dm < DM; ++dm)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float v0 = acc[dm][hn][2 * half] * inv[0];      // head 2t,   dim d_g
+            const float v1 = acc[dm][hn][2 * half + 1] * inv[1];  // head 2t+1, dim d_g
+            const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+            const __nv_bfloat162 pair =
+                odd ? __floats2bfloat162_rn(recv, v1) : __floats2bfloat162_rn(v0, recv);
+            const int d = d_base + dm * 16 + half * 8 + (g & ~1);
+            if (h < p.num_heads) *reinterpret_cast<__nv_bfloat162*>(orow + d) = pair;
+          }
+      }
     }
     if (stat_lane) {
       const int h = head0 + sm_head;
@@ -607,8 +636,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
       if (p.max_logits != nullptr)
         p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l_run > 0.f ? m_run * kLn2 : -INFINITY;
     }
-    // s_m / s_l are rewritten by the next item's epilogue, which may follow without a tile
-    // (and so without a group barrier) in between
+    // s_m / s_l (and the staged rows) are rewritten by the next item's epilogue, which may
+    // follow without a tile (and so without a group barrier) in between
     if (has_next) group_sync();
   } else {
     const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + cur.split) * p.num_heads;
