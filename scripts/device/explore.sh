@@ -17,6 +17,7 @@
 #   profile-attn  Nsight Compute of the attention kernels (prefill / decode, 64 heads):
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
+#   profile-prefill  Nsight Compute warp states and stall samples of the 64-head prefill
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
 #                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
@@ -124,6 +125,19 @@ if mode profile-attn; then
     > "$OUT/explore_attention_b1.log" 2>&1 || rc=1
   grep -v "^\[" "$OUT/explore_attention_b1.log" | grep -v "kernels\|Warn\|warn" | cut -c1-160
   echo "=== profile-attn ($((SECONDS - t0)) s)"
+fi
+if mode profile-prefill; then  # the 64-head prefill's warp states (one steady-state launch)
+  t0=$SECONDS
+  timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
+    --launch-skip 1 --launch-count 1 --section WarpStateStats --section SchedulerStats \
+    --section InstructionStats --section SpeedOfLight $PY bench/profile_attention.py > "$OUT/ncu_prefill.txt" 2>&1 || rc=1
+  grep -E "^  [a-z].*\(|Duration|Issued Warp|No Eligible|Active Warps|Eligible Warps|Warp Cycles Per|Executed Instructions|Stall|stall" \
+    "$OUT/ncu_prefill.txt" | cut -c1-140 | head -60
+  timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
+    --launch-skip 1 --launch-count 1 --metrics regex:smsp__pcsamp_warps_issue_stalled_.*$ \
+    $PY bench/profile_attention.py > "$OUT/ncu_prefill_stalls.txt" 2>&1 || rc=1
+  grep -E "pcsamp" "$OUT/ncu_prefill_stalls.txt" | awk '$NF+0 > 0' | sort -k3 -n -r | cut -c1-120 | head -30
+  echo "=== profile-prefill ($((SECONDS - t0)) s)"
 fi
 if mode profile-combine; then  # combine T=1536 next to a same-bytes copy, caches kept (L2-warm)
   t0=$SECONDS
