@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--smem-cap", type=int, default=0)
     ap.add_argument("--b1", action="store_true", help="also sweep splits at batch 1")
     ap.add_argument("--b1-only", action="store_true", help="only the batch-1 sweep")
+    ap.add_argument("--prefill-only", action="store_true", help="only the prefill cases")
     args = ap.parse_args()
     common.require_cuda()
     common.warm_gpu(1.0)
@@ -103,7 +104,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001
                 emit(case="decode B=1 kernels", heads=heads, error=repr(e)[:200])
             del sets
-    for heads, reqs in (() if args.b1_only else ((64, 128), (64, 32), (8, 128), (32, 128))):
+    for heads, reqs in (() if args.b1_only or args.prefill_only else ((64, 128), (64, 32), (8, 128), (32, 128))):
         sets = decode_sets(ref, reqs, 1, heads)
         err = check_decode(ops, ref, sets[0], 0, args.smem_cap)
         t = common.graph_time([decode_call(ops, s, 0, args.smem_cap) for s in sets])

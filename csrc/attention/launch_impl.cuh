@@ -8,7 +8,11 @@
 
 #include "config_sm80.h"
 #include "config_sm86.h"
+#ifdef DEEPINFER_AB_OLD  // temporary same-run A/B: the kernel of 8bd408f (one item per block)
+#include "sparse_mla_kernel_ab_old.cuh"
+#else
 #include "sparse_mla_kernel.cuh"
+#endif
 
 namespace deepinfer_sm80::attention {
 

@@ -31,6 +31,9 @@ static bool prefill_persistent() {
 cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream, int sms,
                            int smem_cap) {
   if (!prefill_persistent()) sms = 0;
+#ifdef DEEPINFER_AB_OLD
+  sms = 0;
+#endif
   if (id == TileConfigId::kH64 && prefill_two_groups()) {
     return launch_cfg<CfgH64x2, false, kH64PrefillGroups>(p, stream, sms, smem_cap);
   }
