@@ -10,17 +10,19 @@ for v in new old; do
       --extra-gencode compute_80:sm_90 --only-extra --target overlay -j "$(nproc)" > "$OUT/build-old.log" 2>&1 \
       || { tail -20 "$OUT/build-old.log"; exit 1; }
   fi
-  for e in ${AB_ENVS:-DEEPINFER_ATTN_PERSISTENT=1}; do
+  for e in ${AB_ENVS:-}; do
     env $e timeout 200 $PY bench/explore_attention.py --tag "$v-$e" --prefill-only --smem-cap 166912 \
       > "$OUT/ab_$v.log" 2>&1 || rc=1
     grep '^{' "$OUT/ab_$v.log" | cut -c1-150
   done
   timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
     --launch-skip 1 --launch-count 1 --section WarpStateStats --section InstructionStats \
-    --metrics regex:smsp__pcsamp_warps_issue_stalled_.*$ \
-    $PY bench/profile_attention.py > "$OUT/ncu_$v.txt" 2>&1 || rc=1
+    --section SourceCounters -o /tmp/ncu_$v \
+    $PY bench/profile_attention.py > "$OUT/ncu_$v.log" 2>&1 || rc=1
+  ncu -i /tmp/ncu_$v.ncu-rep --page details > "$OUT/ncu_$v.txt" 2>&1
+  ncu -i /tmp/ncu_$v.ncu-rep --page source --csv --print-source sass > "$OUT/sass_$v.csv" 2>&1
   echo "--- ncu $v"
   grep -E "Duration|Executed Instructions |Warp Cycles Per Issued" "$OUT/ncu_$v.txt" | head -4
-  grep -E "pcsamp" "$OUT/ncu_$v.txt" | grep -v not_issued | awk '$NF+0 > 300' | cut -c1-100
+  head -c 400 "$OUT/sass_$v.csv"; echo; wc -l "$OUT/sass_$v.csv"
 done
 echo "ab_old.sh rc=$rc"
