@@ -176,37 +176,41 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   const bool loader = warp >= Cfg::S_WARPS && grp == kGroups - 1;  // two groups: the second's
   const int ltid = tid - Cfg::S_WARPS * 32;
   const int lr0 = ltid >> 3, lq = tid & 7;
-  // The loader's cursor: the tile (item c_it, tile c_j of it) whose rows fetch_rows
-  // resolves next; advance_cursor moves it on, past items without keys.
+  // The loader's cursor: the tile whose rows fetch_rows resolves next (item c_it: token
+  // c_tok, first key c_k, list end c_end, first source's length c_len0); advance_cursor
+  // moves it on, past items without keys. Few registers: they are held by every thread.
   int nidx[LRPT];     // indices of the thread's rows of the next tile (-1: invalid or past the list)
   unsigned nsec = 0;  // bit r: row r comes from the second source
   unsigned c_it = blockIdx.x;
-  int c_j = 0;
-  Item ci{};
-  auto seek_keys = [&] {
+  int c_tok = 0, c_len0 = 0, c_k = 0, c_end = 0;
+  auto seek_keys = [&](Item ci) {  // from item c_it (ci = its description) to the first with keys
     while (ci.tiles == 0) {
       c_it += gridDim.x;
       if (c_it >= num_items) return;
       ci = item_at(c_it);
     }
+    c_tok = ci.tok;
+    c_len0 = ci.len0;
+    c_k = ci.k_begin;
+    c_end = ci.k_end;
   };
   auto advance_cursor = [&] {
-    if (++c_j < ci.tiles) return;
-    c_j = 0;
-    ci.tiles = 0;
-    seek_keys();
+    c_k += BK;
+    if (c_k < c_end) return;
+    c_it += gridDim.x;
+    if (c_it < num_items) seek_keys(item_at(c_it));
   };
   auto fetch_rows = [&] {
     nsec = 0;
 #pragma unroll
     for (int r = 0; r < LRPT; ++r) {
-      const int k = ci.k_begin + c_j * BK + lr0 + r * LROWS;
+      const int k = c_k + lr0 + r * LROWS;
       int idx = -1;
-      if (k < ci.k_end) {
-        const bool second = k >= ci.len0;  // sources as fields, not a dynamically indexed array
+      if (k < c_end) {
+        const bool second = k >= c_len0;  // sources as fields, not a dynamically indexed array
         const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
         const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
-        idx = ind[ci.tok * istride + (second ? k - ci.len0 : k)];
+        idx = ind[c_tok * istride + (second ? k - c_len0 : k)];
         nsec |= (second ? 1u : 0u) << r;
       }
       nidx[r] = idx;
@@ -256,8 +260,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   // ---- prologue: the first tile (with Q), the rows of the one after resolved
   static_assert(STAGES == 2, "the loader pipelines one tile ahead");
   if (loader && total_tiles > 0) {
-    ci = item_at(c_it);
-    seek_keys();
+    seek_keys(item_at(c_it));
     fetch_rows();
     advance_cursor();
     issue_tile(0);
@@ -275,14 +278,12 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
   const int g = lane >> 2, t = lane & 3;
-  int J = 0;  // tile number over all of the block's items (stage J % 2)
+  unsigned J = 0;  // tile number over all of the block's items (stage J % 2)
 
   PHASE_MARK(7);
   for (unsigned item = blockIdx.x; item < num_items; item += gridDim.x) {
-  const Item cur = item_at(item);
-  const int tok = cur.tok;
-  const int head0 = (cur.hgi * kGroups + grp) * HG;
-  const bool has_next = item + gridDim.x < num_items;
+  const unsigned J_end = J + item_at(item).tiles;  // this item's tiles: J .. J_end - 1
+  const bool no_keys = J_end == J;
   float acc[DM][HN][4];
 #pragma unroll
   for (int a = 0; a < DM; ++a)
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
 
-  for (int j = 0; j < cur.tiles; ++j, ++J) {
+  for (; J < J_end; ++J) {
     // this thread's Q copies (a new item's Q) have landed before the barrier below
     ptx::cp_async_wait<0>();
     if constexpr (kGroups == 1) {
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
       }
     }
     PHASE_MARK(0);
-    const int st = J % STAGES;
+    const int st = J & 1;
     uint32_t kt = s_base + L::kv;
     const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
     if constexpr (kFp8) {
@@ -444,7 +445,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     PHASE_MARK(3);
     // the group's score warps are done with Q: the next item's Q comes in under this tile's
     // softmax, PV and the epilogue (waited for at the next tile's top)
-    if (j + 1 == cur.tiles && has_next) {
+    if (J + 1 == J_end && item + gridDim.x < num_items) {
       load_q(item + gridDim.x);
       ptx::cp_async_commit();
     }
@@ -550,7 +551,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     }
     PHASE_MARK(6);
   }
-  if (cur.tiles == 0 && has_next) {  // no keys: the next item's Q, loaded right away
+  const bool has_next = item + gridDim.x < num_items;
+  if (no_keys && has_next) {  // the next item's Q, loaded right away
     ptx::cp_async_wait<0>();
     load_q(item + gridDim.x);
     ptx::cp_async_commit();
@@ -560,7 +562,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
   const long long ph_epi0 = clock64();
 #endif
-  // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
+  // ---- epilogue (the item's token, head group and split recomputed: not held over the tiles).
+  const int tok = static_cast<int>(item / groups / p.num_splits);
+  const int split = static_cast<int>((item / groups) % p.num_splits);
+  const int head0 = (static_cast<int>(item % groups) * kGroups + grp) * HG;
+  // The softmax lane 0 of each head writes its statistics (lse, max_logits
   // or the split partials) from registers; s_m / s_l serve the normalisation of O.
   if (sm_part == 0) {
     s_m[sm_head] = m_run;
@@ -640,7 +646,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     // follow without a tile (and so without a group barrier) in between
     if (has_next) group_sync();
   } else {
-    const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + cur.split) * p.num_heads;
+    const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + split) * p.num_heads;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn)
 #pragma unroll
@@ -652,7 +658,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
           if (h < p.num_heads) p.part_o[(row0 + h) * kHeadDim + d] = acc[dm][hn][e];
         }
     if (stat_lane) {
-      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + cur.split) * 3 * p.num_heads;
+      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 3 * p.num_heads;
       p.part_ml[ml + head0 + sm_head] = m_run;
       p.part_ml[ml + p.num_heads + head0 + sm_head] = l_run;
       p.part_ml[ml + 2 * p.num_heads + head0 + sm_head] = lx_run;

@@ -10,6 +10,10 @@ for v in new old; do
       --extra-gencode compute_80:sm_90 --only-extra --target overlay -j "$(nproc)" > "$OUT/build-old.log" 2>&1 \
       || { tail -20 "$OUT/build-old.log"; exit 1; }
   fi
+  if [ $v = new ]; then
+    timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py > "$OUT/tests-new.log" 2>&1 || rc=1
+    echo "attention tests (new): $(tail -1 "$OUT/tests-new.log")"
+  fi
   for e in ${AB_ENVS:-}; do
     env $e timeout 200 $PY bench/explore_attention.py --tag "$v-$e" --prefill-only --smem-cap 166912 \
       > "$OUT/ab_$v.log" 2>&1 || rc=1
