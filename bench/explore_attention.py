@@ -131,12 +131,6 @@ def main() -> None:
         t = common.graph_time(call, replays=10)
         tf = 4.0 * 512 * keys * heads * t_tok / (t.median_us * 1e-6) / 1e12
         emit(case="prefill T=4096", heads=heads, us=t.median_us, tflops=tf, err=err)
-        if heads == 64:  # the persistent grid sized for an A100 (108 SMs; 24 of the H200's idle)
-            t108 = common.graph_time([lambda s=s: ops.flash_mla_sparse_fwd(
-                s["q"], s["kv"], s["idx"], ba.SCALE, attn_sink=s["sink"], topk_length=s["lens"],
-                out=s["out"], smem_cap=args.smem_cap, num_sms=108) for s in sets], replays=10)
-            emit(case="prefill T=4096 grid 108 SMs", heads=heads, us=t108.median_us,
-                 tflops=4.0 * 512 * keys * heads * t_tok / (t108.median_us * 1e-6) / 1e12)
         del sets
         torch.cuda.empty_cache()
     if args.json:

@@ -63,7 +63,7 @@ def summarise(text: str) -> None:
         ns = sum(r.get("ns", 0) for r in rs) / len(rs)
         epi = sum(r.get("epi", 0) for r in rs) / len(rs)
         print(f"{case:28s} warp {warp}: {len(rs)} blocks, {tiles / len(rs):.1f} tiles, block "
-              f"{tot:.0f} cyc = {ns:.0f} ns ({tot / max(ns, 1):.3f} GHz; prologue {pro:.0f}, epilogues {epi:.0f}); per tile: "
+              f"{tot:.0f} cyc = {ns:.0f} ns ({tot / max(ns, 1):.3f} GHz; prologue {pro:.0f}, epilogue {epi:.0f}); per tile: "
               + " ".join(f"{k} {v:.0f}" for k, v in per.items())
               + f" | sum {sum(per.values()):.0f}")
 

@@ -231,7 +231,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
 void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices,
                         const c10::optional<Tensor>& topk_length, const c10::optional<Tensor>& attn_sink,
                         double scale, Tensor& out, const c10::optional<Tensor>& max_logits,
-                        const c10::optional<Tensor>& lse, int64_t smem_cap, int64_t num_sms) {
+                        const c10::optional<Tensor>& lse, int64_t smem_cap) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16, "q must be a CUDA bfloat16 tensor");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == kHeadDim, "q must be [tokens, heads, 512], got ", q.sizes());
   TORCH_CHECK(kv.is_cuda() && kv.scalar_type() == at::kBFloat16, "kv must be a CUDA bfloat16 tensor");
@@ -257,9 +257,8 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   p.lse = check_stat(lse, T, H, "lse", p.lse_stride_tok, p.lse_stride_head);
   p.max_logits = check_stat(max_logits, T, H, "max_logits", p.ml_stride_tok, p.ml_stride_head);
   if (T == 0 || H == 0) return;
-  const int cap = device_smem_cap(smem_cap);
-  const TileConfigId id = choose_config(H, false, cap);
-  C10_CUDA_CHECK(launch_prefill(p, id, c10::cuda::getCurrentCUDAStream(), device_sms(num_sms), cap));
+  const TileConfigId id = choose_config(H, false, device_smem_cap(smem_cap));
+  C10_CUDA_CHECK(launch_prefill(p, id, c10::cuda::getCurrentCUDAStream()));
 }
 
 // [heads_per_block, keys_per_tile, threads, smem_bytes, splits] that a call would use.
@@ -286,7 +285,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, "
       "Tensor? attn_sink, float scale, Tensor(a!) out, Tensor(b!)? max_logits, Tensor(c!)? lse, "
-      "int smem_cap=0, int num_sms=0) -> ()");
+      "int smem_cap=0) -> ()");
   m.def(
       "sparse_mla_plan(int num_tokens, int num_heads, int capacity, bool fp8, int num_sms=0, "
       "int smem_cap=0) -> int[]",

@@ -63,12 +63,9 @@ struct LaunchInfo {
 
 // Shape and shared memory of a configuration: plan::info (plan.h).
 
-// Launch the main kernel on stream: decode one block per token x split x head group;
-// prefill a persistent grid sized from sms (the SM count) and smem_cap (the per-block
-// shared-memory limit of the device emulated or in use).
+// Launch the main kernel (one block per token x split x head group) on stream.
 cudaError_t launch_decode(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream);
-cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream, int sms,
-                           int smem_cap);
+cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream);
 
 // Merge num_splits partials into out / lse (and the sink).
 cudaError_t launch_sparse_mla_combine(const SparseMlaParams& p, cudaStream_t stream);

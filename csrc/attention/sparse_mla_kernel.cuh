@@ -69,7 +69,7 @@ constexpr int kBarFull = 3;   // + stage
 constexpr int kBarEmpty = 5;  // + stage
 
 template <class Cfg, bool kFp8, int kGroups = 1>
-__global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1) sparse_mla_kernel(const SparseMlaParams p) {
+__global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(const SparseMlaParams p) {
   using L = typename Cfg::template Layout<kFp8, kGroups>;
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
   constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, KMW = Cfg::KMW, DM = Cfg::DM,
@@ -106,58 +106,35 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   long long ph_t = ph_start;
   unsigned long long ph_ns0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns0));
-  long long ph_epi = 0;
 #endif
-  // ---- work items: (token, split, head group); a block runs items blockIdx.x,
-  // blockIdx.x + gridDim.x, ... (a persistent grid of a few blocks per SM, or one item per
-  // block). Key tiles are numbered over all of the block's items (J), so the loader's
-  // pipeline runs on across item boundaries, and an item's Q is loaded while the previous
-  // item finishes its last tile.
   const int groups = (p.num_heads + HG * kGroups - 1) / (HG * kGroups);
-  // 32-bit item arithmetic: the launcher keeps items below 2^31, so it + gridDim.x < 2^32
-  const unsigned num_items = static_cast<unsigned>(p.num_tokens) * p.num_splits * groups;
-  struct Item {
-    int tok, hgi, split, len0, k_begin, k_end, tiles;
-  };
-  auto item_at = [&](unsigned it) {
-    Item r;
-    r.hgi = static_cast<int>(it % groups);
-    it /= groups;
-    r.split = static_cast<int>(it % p.num_splits);
-    r.tok = static_cast<int>(it / p.num_splits);
-    r.len0 = list_len(p.src[0], r.tok);
-    const int n_keys = r.len0 + (p.num_sources > 1 ? list_len(p.src[1], r.tok) : 0);
-    r.k_begin = 0;
-    r.k_end = n_keys;
-    if (p.num_splits > 1) {
-      r.k_begin = r.split * p.keys_per_split;
-      r.k_end = min(n_keys, r.k_begin + p.keys_per_split);
-    }
-    r.tiles = r.k_end > r.k_begin ? (r.k_end - r.k_begin + BK - 1) / BK : 0;
-    return r;
-  };
-  // ---- Q: HG rows of 512 bf16 per group (zero rows past the head count)
-  auto load_q = [&](unsigned it) {
-    const int tok_ = static_cast<int>(it / groups / p.num_splits);
-    const int head0_ = (static_cast<int>(it % groups) * kGroups + grp) * HG;
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok_ * p.q_stride_tok;
+  int bid = blockIdx.x;
+  const int hgi = bid % groups;
+  bid /= groups;
+  const int split = bid % p.num_splits;
+  const int tok = bid / p.num_splits;
+  const int head0 = (hgi * kGroups + grp) * HG;
+
+  const int len0 = list_len(p.src[0], tok);
+  const int len1 = p.num_sources > 1 ? list_len(p.src[1], tok) : 0;
+  const int n_keys = len0 + len1;
+  int k_begin = 0, k_end = n_keys;
+  if (p.num_splits > 1) {
+    k_begin = split * p.keys_per_split;
+    k_end = min(n_keys, k_begin + p.keys_per_split);
+  }
+  const int num_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+  // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
+  {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
     for (int i = tid; i < HG * 64; i += NT) {
-      const int r = i >> 6, c = i & 63, h = head0_ + r;
+      const int r = i >> 6, c = i & 63, h = head0 + r;
       const bool ok = h < p.num_heads;
       const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
       ptx::cp_async_16(q_base + swz(r, c), src, ok ? 16 : 0);
     }
-  };
-  load_q(blockIdx.x);
-
-  // tiles of all of this block's items (every warp sums them, 32 items per round)
-  int total_tiles = 0;
-  for (long long it0 = blockIdx.x; it0 < num_items; it0 += 32LL * gridDim.x) {
-    const long long it = it0 + static_cast<long long>(lane) * gridDim.x;
-    total_tiles += it < num_items ? item_at(static_cast<unsigned>(it)).tiles : 0;
   }
-  total_tiles = __reduce_add_sync(0xffffffffu, total_tiles);
-
 
   // ---- tile loader: the warps that the score MMA leaves idle (S_WARPS..NWARPS-1) copy the
   // next tile while the score warps compute, so the copies' issue is off the critical path
@@ -176,52 +153,28 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
   const bool loader = warp >= Cfg::S_WARPS && grp == kGroups - 1;  // two groups: the second's
   const int ltid = tid - Cfg::S_WARPS * 32;
   const int lr0 = ltid >> 3, lq = tid & 7;
-  // The loader's cursor: the tile whose rows fetch_rows resolves next (item c_it: token
-  // c_tok, first key c_k, list end c_end, first source's length c_len0); advance_cursor
-  // moves it on, past items without keys. Few registers: they are held by every thread.
-  int nidx[LRPT];     // indices of the thread's rows of the next tile (-1: invalid or past the list)
-  unsigned nsec = 0;  // bit r: row r comes from the second source
-  unsigned c_it = blockIdx.x;
-  int c_tok = 0, c_len0 = 0, c_k = 0, c_end = 0;
-  auto seek_keys = [&](Item ci) {  // from item c_it (ci = its description) to the first with keys
-    while (ci.tiles == 0) {
-      c_it += gridDim.x;
-      if (c_it >= num_items) return;
-      ci = item_at(c_it);
-    }
-    c_tok = ci.tok;
-    c_len0 = ci.len0;
-    c_k = ci.k_begin;
-    c_end = ci.k_end;
-  };
-  auto advance_cursor = [&] {
-    c_k += BK;
-    if (c_k < c_end) return;
-    c_it += gridDim.x;
-    if (c_it < num_items) seek_keys(item_at(c_it));
-  };
-  auto fetch_rows = [&] {
-    nsec = 0;
+  int nidx[LRPT];  // indices of the thread's rows of the next tile (-1: invalid or past the list)
+  auto fetch_rows = [&](int j) {
 #pragma unroll
     for (int r = 0; r < LRPT; ++r) {
-      const int k = c_k + lr0 + r * LROWS;
+      const int k = k_begin + j * BK + lr0 + r * LROWS;
       int idx = -1;
-      if (k < c_end) {
-        const bool second = k >= c_len0;  // sources as fields, not a dynamically indexed array
+      if (k < k_end) {
+        const bool second = k >= len0;  // sources as fields, not a dynamically indexed array
         const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
         const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
-        idx = ind[c_tok * istride + (second ? k - c_len0 : k)];
-        nsec |= (second ? 1u : 0u) << r;
+        idx = ind[tok * istride + (second ? k - len0 : k)];
       }
       nidx[r] = idx;
     }
   };
-  auto issue_tile = [&](int st) {
+  auto issue_tile = [&](int j) {
+    const int st = j % STAGES;
     const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies (src size 0)
 #pragma unroll
     for (int r = 0; r < LRPT; ++r) {
       const int lr = lr0 + r * LROWS;
-      const bool second = (nsec >> r) & 1u;
+      const bool second = k_begin + j * BK + lr >= len0;
       const uint8_t* base = second ? p.src[1].base : p.src[0].base;
       if constexpr (!kFp8) {
         const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
@@ -257,33 +210,19 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     }
   };
 
-  // ---- prologue: the first tile (with Q), the rows of the one after resolved
+  // ---- prologue: Q joins the first group; the rows of the next tile resolved
   static_assert(STAGES == 2, "the loader pipelines one tile ahead");
-  if (loader && total_tiles > 0) {
-    seek_keys(item_at(c_it));
-    fetch_rows();
-    advance_cursor();
+  if (loader && num_tiles > 0) {
+    fetch_rows(0);
     issue_tile(0);
   }
   ptx::cp_async_commit();
-  if (loader && total_tiles > 1) {
-    fetch_rows();
-    advance_cursor();
-  }
+  if (loader && num_tiles > 1) fetch_rows(1);
   if constexpr (kGroups > 1) {  // Q and the first tile in place for both groups
     ptx::cp_async_wait<0>();
     __syncthreads();
   }
 
-  const int sm_head = tid / TPH;   // softmax: head of this thread
-  const int sm_part = tid % TPH;   // softmax: key offset of this thread
-  const int g = lane >> 2, t = lane & 3;
-  unsigned J = 0;  // tile number over all of the block's items (stage J % 2)
-
-  PHASE_MARK(7);
-  for (unsigned item = blockIdx.x; item < num_items; item += gridDim.x) {
-  const unsigned J_end = J + item_at(item).tiles;  // this item's tiles: J .. J_end - 1
-  const bool no_keys = J_end == J;
   float acc[DM][HN][4];
 #pragma unroll
   for (int a = 0; a < DM; ++a)
@@ -291,33 +230,34 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     for (int b = 0; b < HN; ++b)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
-  float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
 
-  for (; J < J_end; ++J) {
-    // this thread's Q copies (a new item's Q) have landed before the barrier below
-    ptx::cp_async_wait<0>();
+  const int sm_head = tid / TPH;   // softmax: head of this thread
+  const int sm_part = tid % TPH;   // softmax: key offset of this thread
+  float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
+  const int g = lane >> 2, t = lane & 3;
+
+  PHASE_MARK(7);
+  for (int j = 0; j < num_tiles; ++j) {
     if constexpr (kGroups == 1) {
+      ptx::cp_async_wait<0>();
       __syncthreads();
     } else if (grp == 0) {
-      // tile J landed (tile 0: the prologue); the barrier also holds back every warp of the
+      // tile j landed (tile 0: the prologue); the barrier also holds back every warp of the
       // group until all of them left the previous PV
-      if (J > 0) ptx::bar_sync(kBarFull + (J & 1), NT + LTHREADS);
+      if (j > 0) ptx::bar_sync(kBarFull + (j & 1), NT + LTHREADS);
     } else {
       group_sync();
-      if (loader && J + 1 < total_tiles) {
-        // stage (J+1)%2 held tile J-1: wait until the first group's PV is done with it, copy
-        // tile J+1 (the wait for the copies and kBarFull follow the score phase)
-        if (J >= 1) ptx::bar_sync(kBarEmpty + ((J + 1) & 1), NT + LTHREADS);
-        issue_tile((J + 1) & 1);
-        if (J + 2 < total_tiles) {
-          fetch_rows();
-          advance_cursor();
-        }
+      if (loader && j + 1 < num_tiles) {
+        // stage (j+1)%2 held tile j-1: wait until the first group's PV is done with it, copy
+        // tile j+1 (the wait for the copies and kBarFull follow the score phase)
+        if (j >= 1) ptx::bar_sync(kBarEmpty + ((j + 1) & 1), NT + LTHREADS);
+        issue_tile(j + 1);
+        if (j + 2 < num_tiles) fetch_rows(j + 2);
         ptx::cp_async_commit();
       }
     }
     PHASE_MARK(0);
-    const int st = J & 1;
+    const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
     const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
     if constexpr (kFp8) {
@@ -412,17 +352,14 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
         }
     } else if constexpr (kGroups == 1) {
       // the loader warps: next tile's copies, then the indices of the one after
-      if (J + 1 < total_tiles) issue_tile((J + 1) & 1);
-      if (J + 2 < total_tiles) {
-        fetch_rows();
-        advance_cursor();
-      }
+      if (j + 1 < num_tiles) issue_tile(j + 1);
+      if (j + 2 < num_tiles) fetch_rows(j + 2);
     }
     if constexpr (kGroups == 1) {
       ptx::cp_async_commit();
-    } else if (loader && J + 1 < total_tiles) {  // the second group's copies of tile J+1 landed
+    } else if (loader && j + 1 < num_tiles) {  // the second group's copies of tile j+1 landed
       ptx::cp_async_wait<0>();
-      ptx::bar_arrive(kBarFull + ((J + 1) & 1), NT + LTHREADS);
+      ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
     }
     // V^T fragments of the PV MMA's first k-step, loaded now (the K tile is already in shared
     // memory) so that their latency and shared-memory traffic overlap the softmax.
@@ -443,12 +380,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     PHASE_MARK(2);
     group_sync();
     PHASE_MARK(3);
-    // the group's score warps are done with Q: the next item's Q comes in under this tile's
-    // softmax, PV and the epilogue (waited for at the next tile's top)
-    if (J + 1 == J_end && item + gridDim.x < num_items) {
-      load_q(item + gridDim.x);
-      ptx::cp_async_commit();
-    }
 
     // ---- online softmax, one head per TPH threads; a key's score is the sum of the
     // KSPLIT slice buffers (read once, kept in registers for both passes)
@@ -546,46 +477,28 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
         }
       }
     }
-    if constexpr (kGroups > 1) {  // the first group is done with tile J's stage
-      if (grp == 0 && J + 2 < total_tiles) ptx::bar_arrive(kBarEmpty + (J & 1), NT + LTHREADS);
+    if constexpr (kGroups > 1) {  // the first group is done with tile j's stage
+      if (grp == 0 && j + 2 < num_tiles) ptx::bar_arrive(kBarEmpty + (j & 1), NT + LTHREADS);
     }
     PHASE_MARK(6);
   }
-  const bool has_next = item + gridDim.x < num_items;
-  if (no_keys && has_next) {  // the next item's Q, loaded right away
-    ptx::cp_async_wait<0>();
-    load_q(item + gridDim.x);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
-    group_sync();
-  }
+  ptx::cp_async_wait<0>();
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
   const long long ph_epi0 = clock64();
 #endif
-  // ---- epilogue (the item's token, head group and split recomputed: not held over the tiles).
-  const int tok = static_cast<int>(item / groups / p.num_splits);
-  const int split = static_cast<int>((item / groups) % p.num_splits);
-  const int head0 = (static_cast<int>(item % groups) * kGroups + grp) * HG;
-  // The softmax lane 0 of each head writes its statistics (lse, max_logits
+
+  // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
   // or the split partials) from registers; s_m / s_l serve the normalisation of O.
   if (sm_part == 0) {
     s_m[sm_head] = m_run;
     s_l[sm_head] = l_run;
   }
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
+  __syncthreads();
   const int d_base = warp * Cfg::DW;
   if (p.num_splits == 1) {
-    group_sync();
-    // normalise; then, per 8 heads, stage bf16 rows [head][dim] in the group's score buffers
-    // (free until the group's next score phase; the Q area is not: the next item's Q is
-    // already coming in) and write them out with 16-byte stores. Configurations whose score
-    // buffers hold less than 8 rows (8 heads) store straight from the accumulators: lanes g
-    // and g^1 swap one value each, so that an even-g lane holds dims (g, g+1) of head 2t and
-    // an odd-g lane dims (g-1, g) of head 2t+1, one 4-byte store per pair.
-    constexpr bool kStaged = Cfg::KSPLIT * BK * Cfg::S_STRIDE * 4 >= 8 * Cfg::kRowBytes;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
-    uint8_t* stage = reinterpret_cast<uint8_t*>(s_scores);
-    const int odd = g & 1;
+    // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores
+    uint8_t* stage = smem + L::q + grp * HG * Cfg::kRowBytes;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn) {
       float inv[2];
@@ -597,42 +510,25 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
         if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m);
         inv[e] = l > 0.f ? 1.f / den : 0.f;
       }
-      if constexpr (kStaged) {
 #pragma unroll
-        for (int dm = 0; dm < DM; ++dm) {
-          const int d = d_base + dm * 16 + g;
+      for (int dm = 0; dm < DM; ++dm) {
+        const int d = d_base + dm * 16 + g;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = 2 * t + (e & 1);
-            const int dd = d + (e >> 1) * 8;
-            *reinterpret_cast<__nv_bfloat16*>(stage + swz(r, dd >> 3) + (dd & 7) * 2) =
-                __float2bfloat16_rn(acc[dm][hn][e] * inv[e & 1]);
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int hl = hn * 8 + 2 * t + (e & 1);
+          const int dd = d + (e >> 1) * 8;
+          const __nv_bfloat16 v = __float2bfloat16_rn(acc[dm][hn][e] * inv[e & 1]);
+          *reinterpret_cast<__nv_bfloat16*>(stage + swz(hl, dd >> 3) + (dd & 7) * 2) = v;
         }
-        group_sync();
-        for (int i = tid; i < 8 * 64; i += NT) {
-          const int r = i >> 6, c = i & 63, h = head0 + hn * 8 + r;
-          if (h < p.num_heads)
-            *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
-                *reinterpret_cast<const uint4*>(stage + swz(r, c));
-        }
-        if (hn + 1 < HN) group_sync();  // the stage is rewritten by the next 8 heads
-      } else {
-        const int h = head0 + hn * 8 + 2 * t + odd;
-        __nv_bfloat16* orow = out + static_cast<int64_t>(h < p.num_heads ? h : 0) * p.out_stride_head;
-#pragma unroll
-        for (int dm = 0; dm < DM; ++dm)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const float v0 = acc[dm][hn][2 * half] * inv[0];      // head 2t,   dim d_g
-            const float v1 = acc[dm][hn][2 * half + 1] * inv[1];  // head 2t+1, dim d_g
-            const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-            const __nv_bfloat162 pair =
-                odd ? __floats2bfloat162_rn(recv, v1) : __floats2bfloat162_rn(v0, recv);
-            const int d = d_base + dm * 16 + half * 8 + (g & ~1);
-            if (h < p.num_heads) *reinterpret_cast<__nv_bfloat162*>(orow + d) = pair;
-          }
       }
+    }
+    __syncthreads();
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
+    for (int i = tid; i < HG * 64; i += NT) {
+      const int r = i >> 6, c = i & 63, h = head0 + r;
+      if (h < p.num_heads)
+        *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + swz(r, c));
     }
     if (stat_lane) {
       const int h = head0 + sm_head;
@@ -642,9 +538,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
       if (p.max_logits != nullptr)
         p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l_run > 0.f ? m_run * kLn2 : -INFINITY;
     }
-    // s_m / s_l (and the staged rows) are rewritten by the next item's epilogue, which may
-    // follow without a tile (and so without a group barrier) in between
-    if (has_next) group_sync();
   } else {
     const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + split) * p.num_heads;
 #pragma unroll
@@ -665,21 +558,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, Cfg::HG == 8 ? 2 : 1)
     }
   }
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
-  ph_epi += clock64() - ph_epi0;
-  ph_t = clock64();
-#endif
-  }  // items
-  ptx::cp_async_wait<0>();
-#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
   if ((tid == 0 || tid == 32 * (NT / 32 - 1)) && (blockIdx.x % 997 == 5)) {
-    const long long tot = clock64() - ph_start;
+    const long long now = clock64();
     unsigned long long ph_ns1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns1));
     printf("PHASE HG=%d fp8=%d blk=%d warp=%d tiles=%d total=%lld ns=%lld pro=%lld wait=%lld deq=%lld "
            "score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld\n",
-           HG, kFp8 ? 1 : 0, blockIdx.x, warp, total_tiles, tot, static_cast<long long>(ph_ns1 - ph_ns0),
-           ph_cyc[7], ph_cyc[0], ph_cyc[1],
-           ph_cyc[2], ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], ph_epi);
+           HG, kFp8 ? 1 : 0, blockIdx.x, warp, num_tiles, now - ph_start,
+           static_cast<long long>(ph_ns1 - ph_ns0), ph_cyc[7], ph_cyc[0], ph_cyc[1], ph_cyc[2],
+           ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], now - ph_epi0);
   }
 #endif
 }

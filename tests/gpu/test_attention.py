@@ -248,7 +248,7 @@ def test_decode_dequant_routes(route, heads):
     _check(out, lse, r64, r32, l64, f"decode dequant route={route} h={heads} seed={seed}")
 
 
-def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sms=0, zero_runs=False):
+def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
     seed = _seed()
     q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)
     kv = torch.randn(s_kv, 1, 512, device=DEV).to(torch.bfloat16)
@@ -259,9 +259,6 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sm
         lens[1] = 1
     if t > 2:
         lens[2] = topk
-    if zero_runs:  # runs of tokens without keys, at the start, middle and end of a block's items
-        lens[t // 2:t // 2 + 5] = 0
-        lens[-3:] = 0
     idx[:, :, 3] = -1          # invalid: negative
     idx[:, :, 7] = s_kv + 5    # invalid: past the workspace
     idx[torch.arange(topk, device=DEV)[None, None, :] >= lens[:, None, None]] = -1
@@ -269,11 +266,11 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sm
             "neg_inf": torch.full((heads,), -math.inf, device=DEV), "none": None}[sink_kind]
     out = torch.full_like(q, math.nan)
     out, mx, lse = ops.flash_mla_sparse_fwd(q, kv, idx, SCALE, attn_sink=sink, topk_length=lens,
-                                            out=out, smem_cap=cap, num_sms=num_sms)
+                                            out=out, smem_cap=cap)
     torch.cuda.synchronize()
     r64, m64, l64 = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float64)
     r32, _, _ = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float32)
-    tag = f"prefill seed={seed} t={t} h={heads} cap={cap} sink={sink_kind} sms={num_sms}"
+    tag = f"prefill seed={seed} t={t} h={heads} cap={cap} sink={sink_kind}"
     _check(out, lse, r64, r32, l64, tag)
     fin = torch.isfinite(m64)
     assert torch.equal(torch.isneginf(mx), ~fin), tag
@@ -286,21 +283,6 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sm
 @pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
 def test_prefill_heads(cap, heads):
     _prefill_case(t=40, heads=heads, cap=cap)
-
-
-@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
-@pytest.mark.parametrize("heads", [8, 32, 64, 80])
-@pytest.mark.parametrize("num_sms", [1, 3, 7])
-def test_prefill_persistent_items(cap, heads, num_sms):
-    """The persistent grid on a few SMs: every block runs many tokens (and head groups) in
-    turn, the key pipeline and the next token's Q running on across their boundaries, with
-    runs of tokens without keys and short lists among them."""
-    _prefill_case(t=45, heads=heads, cap=cap, topk=160, num_sms=num_sms, zero_runs=True)
-
-
-@pytest.mark.parametrize("heads", [64, 8])
-def test_prefill_persistent_long_lists(heads):
-    _prefill_case(t=33, heads=heads, cap=0, topk=640, num_sms=5, zero_runs=True)
 
 
 @pytest.mark.parametrize("heads", [80, 112])

@@ -169,13 +169,10 @@ def flash_mla_sparse_fwd(
     out: torch.Tensor | None = None,
     *,
     smem_cap: int = 0,
-    num_sms: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Upstream-compatible sparse prefill: ``q [T, h, 512]``, ``kv [s_kv, 1, 512]`` bf16,
     ``indices [T, 1, topk]`` int32 (invalid: < 0 or >= s_kv), ``topk_length [T]``.
-    Returns ``(out [T, h, 512] bf16, max_logits [T, h], lse [T, h])`` (natural log).
-    ``smem_cap`` (0 = the device's per-block limit; 99 KB emulates SM86) and ``num_sms`` (0 =
-    the device's SM count; 108 = A100) size the persistent grid."""
+    Returns ``(out [T, h, 512] bf16, max_logits [T, h], lse [T, h])`` (natural log)."""
     if d_v != HEAD_DIM:
         raise ValueError(f"d_v must be {HEAD_DIM}, got {d_v}")
     if q.dim() != 3 or q.shape[-1] != HEAD_DIM or q.dtype != torch.bfloat16:
@@ -195,7 +192,7 @@ def flash_mla_sparse_fwd(
     sink = None if attn_sink is None else attn_sink.float().contiguous()
     _ops().sparse_mla_prefill(
         q, kv, _int32(indices, "indices"), _int32(topk_length, "topk_length"), sink,
-        float(sm_scale), out, max_logits, lse, smem_cap, num_sms)
+        float(sm_scale), out, max_logits, lse, smem_cap)
     if target is not None and target is not out:
         target.copy_(out)
         out = target
