@@ -29,10 +29,6 @@ using CfgH32 = TileConfig<32, 32, 8, 4, 2, 2, 4>;
 // over shared key stages (kGroups = 2, sparse_mla_kernel.cuh): 157952 B of shared memory,
 // 244 registers; the score warp tile as in kH64 (32 x 32 x 2 slices, 2 warps per group).
 using CfgH64x2 = TileConfig<32, 32, 4, 4, 2, 2, 2>;
-// Variant (A/B, $DEEPINFER_ATTN_PREFILL_SLICES=4): every warp of a group in the score MMA,
-// 32 x 32 x 4 slices of 128 dims, slices reduced in pairs into two buffers (the shared
-// memory of the 2-slice layout); the second group's warps 2-3 copy after their scores.
-using CfgH64x2s4 = TileConfig<32, 32, 4, 4, 2, 2, 4, true>;
 constexpr int kH64PrefillGroups = 2;
 
 constexpr int kSmemCapSm80 = 163 * 1024;

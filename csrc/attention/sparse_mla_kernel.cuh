@@ -67,7 +67,6 @@ __device__ __forceinline__ int list_len(const KeySource& s, int tok) {
 constexpr int kBarGroup = 1;  // + group: the group's own barrier (NTHREADS)
 constexpr int kBarFull = 3;   // + stage
 constexpr int kBarEmpty = 5;  // + stage
-constexpr int kBarPair = 7;   // + 2 * group + pair: paired score slices (Cfg::PAIR)
 
 template <class Cfg, bool kFp8, int kGroups = 1>
 __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(const SparseMlaParams p) {
@@ -147,16 +146,12 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   // division for the paged cache) and copies chunks lq, lq + 8, ... of the row: source and
   // swizzled destination are a per-thread base plus compile-time offsets
   // ((lq + 8i) ^ (lr & 7) == 8i + (lq ^ (lr & 7))).
-  // two groups: the second group's warps NWARPS/2.. (all warps score when S_WARPS == NWARPS:
-  // the copies are then issued after the score phase, kLoadAfterScores)
-  constexpr bool kLoadAfterScores = kGroups > 1 && Cfg::S_WARPS == Cfg::NWARPS;
-  constexpr int LSTART = kGroups > 1 ? Cfg::NWARPS / 2 : Cfg::S_WARPS;  // first loader warp
-  constexpr int LTHREADS = NT - LSTART * 32;
+  constexpr int LTHREADS = NT - Cfg::S_WARPS * 32;
   constexpr int LROWS = LTHREADS / 8;  // rows served at once
   constexpr int LRPT = BK / LROWS;     // rows per loader thread
   static_assert(LTHREADS > 0 && LTHREADS % 8 == 0 && BK % LROWS == 0, "loader warps");
-  const bool loader = warp >= LSTART && grp == kGroups - 1;  // two groups: the second's
-  const int ltid = tid - LSTART * 32;
+  const bool loader = warp >= Cfg::S_WARPS && grp == kGroups - 1;  // two groups: the second's
+  const int ltid = tid - Cfg::S_WARPS * 32;
   const int lr0 = ltid >> 3, lq = tid & 7;
   int nidx[LRPT];  // indices of the thread's rows of the next tile (-1: invalid or past the list)
   auto fetch_rows = [&](int j) {
@@ -252,7 +247,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
       if (j > 0) ptx::bar_sync(kBarFull + (j & 1), NT + LTHREADS);
     } else {
       group_sync();
-      if (!kLoadAfterScores && loader && j + 1 < num_tiles) {
+      if (loader && j + 1 < num_tiles) {
         // stage (j+1)%2 held tile j-1: wait until the first group's PV is done with it, copy
         // tile j+1 (the wait for the copies and kBarFull follow the score phase)
         if (j >= 1) ptx::bar_sync(kBarEmpty + ((j + 1) & 1), NT + LTHREADS);
@@ -343,32 +338,18 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 #pragma unroll
             for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
       }
-      float* sbuf = s_scores + (Cfg::PAIR ? (kgrp >> 1) : kgrp) * BK * Cfg::S_STRIDE;
-      // paired slices: the even slice's warp adds its partial sums to the odd one's
-      const bool add = Cfg::PAIR && (kgrp & 1) == 0;
-      const int pair_bar = kBarPair + 2 * grp + (kgrp >> 1);
-      if (add) ptx::bar_sync(pair_bar, 64);
+      float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
 #pragma unroll
       for (int a = 0; a < KMW; ++a)
 #pragma unroll
         for (int n = 0; n < NTW; ++n) {
           const int col = (hn0 + n) * 8 + 2 * t;
           const int row = (km0 + a) * 16 + g;
-          float2* d0 = reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col);
-          float2* d1 = reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col);
-          float2 v0 = make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
-          float2 v1 = make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
-          if (add) {
-            const float2 o0 = *d0, o1 = *d1;
-            v0.x += o0.x;
-            v0.y += o0.y;
-            v1.x += o1.x;
-            v1.y += o1.y;
-          }
-          *d0 = v0;
-          *d1 = v1;
+          *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
+          *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
+              make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
         }
-      if (Cfg::PAIR && !add) ptx::bar_arrive(pair_bar, 64);
     } else if constexpr (kGroups == 1) {
       // the loader warps: next tile's copies, then the indices of the one after
       if (j + 1 < num_tiles) issue_tile(j + 1);
@@ -376,13 +357,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     }
     if constexpr (kGroups == 1) {
       ptx::cp_async_commit();
-    } else if (kLoadAfterScores) {
-      if (loader && j + 1 < num_tiles) {  // stage (j+1)%2: as above, after the score phase
-        if (j >= 1) ptx::bar_sync(kBarEmpty + ((j + 1) & 1), NT + LTHREADS);
-        issue_tile(j + 1);
-        if (j + 2 < num_tiles) fetch_rows(j + 2);
-        ptx::cp_async_commit();
-      }
     } else if (loader && j + 1 < num_tiles) {  // the second group's copies of tile j+1 landed
       ptx::cp_async_wait<0>();
       ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
@@ -419,7 +393,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
         const int r = sm_part + q * TPH;
         float v = s_scores[r * Cfg::S_STRIDE + sm_head];
 #pragma unroll
-        for (int kg = 1; kg < Cfg::SBUF; ++kg) v += s_scores[(kg * BK + r) * Cfg::S_STRIDE + sm_head];
+        for (int kg = 1; kg < Cfg::KSPLIT; ++kg) v += s_scores[(kg * BK + r) * Cfg::S_STRIDE + sm_head];
         sv[q] = valid[r] ? v : -INFINITY;
         mx = fmaxf(mx, sv[q]);
       }
@@ -505,12 +479,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     }
     if constexpr (kGroups > 1) {  // the first group is done with tile j's stage
       if (grp == 0 && j + 2 < num_tiles) ptx::bar_arrive(kBarEmpty + (j & 1), NT + LTHREADS);
-    }
-    if constexpr (kLoadAfterScores) {  // the second group's copies of tile j+1 landed
-      if (loader && j + 1 < num_tiles) {
-        ptx::cp_async_wait<0>();
-        ptx::bar_arrive(kBarFull + ((j + 1) & 1), NT + LTHREADS);
-      }
     }
     PHASE_MARK(6);
   }

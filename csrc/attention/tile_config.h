@@ -10,8 +10,7 @@
 
 namespace deepinfer_sm80::attention {
 
-template <int kHG, int kBK, int kWarps, int kNTW, int kStages, int kKMW = 1, int kKSplit = 1,
-          bool kPairSlices = false>
+template <int kHG, int kBK, int kWarps, int kNTW, int kStages, int kKMW = 1, int kKSplit = 1>
 struct TileConfig {
   static constexpr int HG = kHG;          // heads per block
   static constexpr int BK = kBK;          // keys per tile
@@ -24,16 +23,12 @@ struct TileConfig {
   static constexpr int HN = HG / 8;       // head n8-tiles
   static constexpr int S_TILES = KM * HN / (NTW * KMW);  // score warp tiles per key tile
   static constexpr int KSPLIT = kKSplit;  // head-dim slices of the score MMA (one warp each)
-  // kPairSlices: slices 2b and 2b+1 add up in one buffer (the odd slice's warp stores, the
-  // even one adds its own after a two-warp barrier), so KSPLIT slices need KSPLIT / 2 buffers
-  static constexpr bool PAIR = kPairSlices;
-  static constexpr int SBUF = kPairSlices ? kKSplit / 2 : kKSplit;  // score buffers
   static constexpr int S_WARPS = S_TILES * KSPLIT;        // warps busy in the score MMA
   static constexpr int KS_PER = kHeadDim / 16 / KSPLIT;   // 16-dim k-steps per score warp
   static constexpr int DW = kHeadDim / NWARPS;   // head dims per warp in the PV MMA
   static constexpr int DM = DW / 16;
   static constexpr int TPH = NTHREADS / HG;      // softmax threads per head
-  // fp32 scores [SBUF][BK][S_STRIDE]; 8-head tiles pad by 2 only, so that with two
+  // fp32 scores [KSPLIT][BK][S_STRIDE]; 8-head tiles pad by 2 only, so that with two
   // slices the fp8 layout still fits two blocks in an A100 SM (2 x (81888 + 1024) B <= 164 KB)
   static constexpr int S_STRIDE = HG + (HG >= 16 ? 8 : 2);
   static constexpr int P_STRIDE = BK + 8;        // bf16 probabilities [HG][BK + 8]
@@ -44,7 +39,6 @@ struct TileConfig {
   static_assert(DW % 64 == 0, "PV MMA split (the swizzle arithmetic needs 64-dim slices)");
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && BK % TPH == 0, "softmax split");
   static_assert(NTW <= 4 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
-  static_assert(!kPairSlices || (kKSplit % 2 == 0 && S_TILES == 1), "paired slices: one warp tile");
 
   // Shared memory layout (bytes). Q and K/V rows are 1024 bytes with 16-byte chunks
   // XOR-swizzled by (row & 7) so that ldmatrix of 8 rows touches 8 different bank groups.
@@ -64,7 +58,7 @@ struct TileConfig {
     static constexpr int raw = kv + kv_tiles * kTileBytes;
     static constexpr int raw_scale = raw + (kFp8 ? STAGES * kRawBytes : 0);
     static constexpr int scores = raw_scale + (kFp8 ? STAGES * kRawScaleBytes : 0);
-    static constexpr int probs = scores + SBUF * BK * S_STRIDE * 4;
+    static constexpr int probs = scores + KSPLIT * BK * S_STRIDE * 4;
     static constexpr int valid = probs + HG * P_STRIDE * 2;
     static constexpr int alpha = valid + STAGES * BK * 4;
     static constexpr int stat_m = alpha + HG * 4;

@@ -16,19 +16,7 @@ static bool prefill_two_groups() {
   return v;
 }
 
-// $DEEPINFER_ATTN_PREFILL_SLICES=4 (A/B knob): CfgH64x2s4, every warp in the score MMA.
-static bool prefill_four_slices() {
-  static const bool v = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_PREFILL_SLICES");
-    return e != nullptr && std::atoi(e) == 4;
-  }();
-  return v;
-}
-
 cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
-  if (id == TileConfigId::kH64 && prefill_two_groups() && prefill_four_slices()) {
-    return launch_cfg<CfgH64x2s4, false, kH64PrefillGroups>(p, stream);
-  }
   if (id == TileConfigId::kH64 && prefill_two_groups()) {
     return launch_cfg<CfgH64x2, false, kH64PrefillGroups>(p, stream);
   }
