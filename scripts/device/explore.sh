@@ -130,9 +130,11 @@ if mode profile-prefill; then  # the 64-head prefill's warp states (one steady-s
   t0=$SECONDS
   timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
     --launch-skip 1 --launch-count 1 --section WarpStateStats --section SchedulerStats \
-    --section InstructionStats --section SpeedOfLight $PY bench/profile_attention.py > "$OUT/ncu_prefill.txt" 2>&1 || rc=1
-  grep -E "^  [a-z].*\(|Duration|Issued Warp|No Eligible|Active Warps|Eligible Warps|Warp Cycles Per|Executed Instructions|Stall|stall" \
-    "$OUT/ncu_prefill.txt" | cut -c1-140 | head -60
+    --section InstructionStats --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_pipe_tensor.sum \
+    $PY bench/profile_attention.py > "$OUT/ncu_prefill.txt" 2>&1 || rc=1
+  grep -E "^  [a-z].*\(|Duration|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per|Executed Instructions |Pipe|pipe|Shared|shared|Throughput|Utilization|hmma|wavefronts|bank" \
+    "$OUT/ncu_prefill.txt" | grep -v "^    -\|^          " | cut -c1-140 | head -60
   timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
     --launch-skip 1 --launch-count 1 --metrics regex:smsp__pcsamp_warps_issue_stalled_.*$ \
     $PY bench/profile_attention.py > "$OUT/ncu_prefill_stalls.txt" 2>&1 || rc=1
