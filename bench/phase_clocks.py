@@ -1,7 +1,9 @@
 """Per-phase SM cycles of the sparse MLA kernel (GPU, measurement build only).
 
 Build the extension with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS: a few blocks then
-print, from one score warp and one loader warp, the cycles spent per phase of the tile
+print, from one score warp and one non-score warp of each group (the two-group 64-head
+prefill: the second group's non-score warps are its loaders), the whole block's cycles and
+nanoseconds (so the SM clock), the prologue and epilogue, and the cycles spent per phase of the tile
 loop (wait + barrier for the tile, fp8 dequantisation, score MMA (the loader warps: the
 next tile's copies), barrier, softmax, barrier, PV MMA). A barrier's wait usually lands in
 the phase after it (the clock read is not ordered after the barrier). This script runs prefill (64 and 8 heads,
@@ -53,8 +55,8 @@ def summarise(text: str) -> None:
             case = line[5:]
         elif line.startswith("PHASE") and case and case.endswith("it=1"):
             kv = dict(re.findall(r"(\w+)=(-?\d+)", line))
-            rows[(case, kv["warp"])].append({k: int(v) for k, v in kv.items()})
-    for (case, warp), rs in rows.items():
+            rows[(case, kv.get("grp", "0"), kv["warp"])].append({k: int(v) for k, v in kv.items()})
+    for (case, grp, warp), rs in rows.items():
         tiles = sum(r["tiles"] for r in rs)
         keys = ["wait", "deq", "score", "bar1", "softmax", "bar2", "pv"]
         per = {k: sum(r[k] for r in rs) / max(tiles, 1) for k in keys}
@@ -62,7 +64,7 @@ def summarise(text: str) -> None:
         pro = sum(r["pro"] for r in rs) / len(rs)
         ns = sum(r.get("ns", 0) for r in rs) / len(rs)
         epi = sum(r.get("epi", 0) for r in rs) / len(rs)
-        print(f"{case:28s} warp {warp}: {len(rs)} blocks, {tiles / len(rs):.1f} tiles, block "
+        print(f"{case:28s} group {grp} warp {warp}: {len(rs)} blocks, {tiles / len(rs):.1f} tiles, block "
               f"{tot:.0f} cyc = {ns:.0f} ns ({tot / max(ns, 1):.3f} GHz; prologue {pro:.0f}, epilogue {epi:.0f}); per tile: "
               + " ".join(f"{k} {v:.0f}" for k, v in per.items())
               + f" | sum {sum(per.values()):.0f}")

@@ -26,7 +26,7 @@
 namespace deepinfer_sm80::attention {
 
 // Measurement build only (-DDEEPINFER_ATTN_PHASE_CLOCKS, bench/phase_clocks.py): per-phase
-// SM cycles of two threads (a score warp and a non-score warp) of a few blocks, printed.
+// SM cycles of two threads (a score warp and a non-score warp; per group) of a few blocks, printed.
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
 #define PHASE_MARK(k)                                  \
   do {                                                 \
@@ -562,9 +562,9 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     const long long now = clock64();
     unsigned long long ph_ns1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns1));
-    printf("PHASE HG=%d fp8=%d blk=%d warp=%d tiles=%d total=%lld ns=%lld pro=%lld wait=%lld deq=%lld "
-           "score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld\n",
-           HG, kFp8 ? 1 : 0, blockIdx.x, warp, num_tiles, now - ph_start,
+    printf("PHASE HG=%d fp8=%d blk=%d grp=%d warp=%d tiles=%d total=%lld ns=%lld pro=%lld wait=%lld "
+           "deq=%lld score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld\n",
+           HG, kFp8 ? 1 : 0, blockIdx.x, grp, warp, num_tiles, now - ph_start,
            static_cast<long long>(ph_ns1 - ph_ns0), ph_cyc[7], ph_cyc[0], ph_cyc[1], ph_cyc[2],
            ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], now - ph_epi0);
   }

@@ -24,12 +24,19 @@
 #   cache         bench_cache with baselines, then the GATHER_SWEEP knob sets (no attention)
 #   all           tests, bench, profile
 # Several modes in one call (one build): comma-separated, e.g. tests,cache.
-#   bash scripts/device/explore.sh [tests|bench|cache|attention|profile|profile-full|all][,...]
+#   bash scripts/device/explore.sh [tests|bench|cache|attention|phases|profile|profile-full|
+#                                   profile-attn|profile-prefill|profile-combine|b1|all][,...]
 set -uo pipefail
 MODE=${1:-all}
 mode() {  # mode NAME: NAME was asked for (all implies tests, bench, profile)
   case ",$MODE," in *",$1,"*) return 0 ;; esac
   [ "$MODE" = all ] && { [ "$1" = tests ] || [ "$1" = bench ] || [ "$1" = profile ]; }
+}
+variant() {  # variant NAME=ENV,ENV: sets name and envs (space-separated) for `env $envs ...`
+  name=${1%%=*}; envs=""; [ "$name" != "$1" ] && envs=${1#*=}; envs=${envs//,/ }
+}
+gather_envs() {  # gather_envs KNOB=VAL,KNOB=VAL -> DEEPINFER_GATHER_KNOB=VAL ... (space-separated)
+  echo "$1" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g'
 }
 mode phases && export NVCC_APPEND_FLAGS="-DDEEPINFER_ATTN_PHASE_CLOCKS"
 source "$(dirname "$0")/bundle_env.sh" explore
@@ -40,7 +47,7 @@ if mode tests; then
   tail -3 "$OUT/tests.log"; echo "=== tests rc=$rc ($((SECONDS - t0)) s)"
   t0=$SECONDS
   for v in ${GATHER_TESTS:-INFLIGHT=2 INFLIGHT=8 STORE=cs}; do  # variants must be exact too
-    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
+    envs=$(gather_envs "$v")
     env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
       > "$OUT/tests-gather-$v.log" 2>&1 || rc=1
     echo "gather $v: $(tail -1 "$OUT/tests-gather-$v.log")"
@@ -48,12 +55,12 @@ if mode tests; then
 fi
 if mode attention; then  # one attention A/B: ATTN_SWEEP variants, tests for each
   for v in ${ATTN_SWEEP:-default}; do
-    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
-    env ${envs//,/ } timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
+    variant "$v"
+    env $envs timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
       > "$OUT/tests-attention-$name.log" 2>&1 || rc=1
     echo "attention tests ($name): $(tail -1 "$OUT/tests-attention-$name.log")"
     extra=""; [ "$name" = default ] && [ -n "${B1:-}" ] && extra="--b1"
-    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" $extra --smem-cap 166912 \
+    env $envs timeout 240 $PY bench/explore_attention.py --tag "$name" $extra --smem-cap 166912 \
       --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
@@ -62,9 +69,9 @@ if mode bench; then
   t0=$SECONDS
   # variants: name=ENV settings (comma-separated); the first also sweeps batch-1 splits
   for v in ${ATTN_SWEEP:-default}; do
-    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
+    variant "$v"
     extra=""; [ "$name" = default ] && extra="--b1"
-    env ${envs//,/ } timeout 240 $PY bench/explore_attention.py --tag "$name" $extra \
+    env $envs timeout 240 $PY bench/explore_attention.py --tag "$name" $extra \
       --smem-cap 166912 --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
@@ -80,7 +87,7 @@ if mode bench || mode cache; then
     timeout 240 $PY bench/bench_cache.py --no-doc > "$OUT/bench-cache.log" 2>&1 || rc=1
   grep -E "us( |$)|FAIL" "$OUT/bench-cache.log" | head -60
   for v in ${GATHER_SWEEP:-INFLIGHT=8 BLOCKS_PER_SM=4 STORE=cs}; do
-    envs=$(echo "$v" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g')
+    envs=$(gather_envs "$v")
     env $envs timeout 120 $PY bench/bench_cache.py --no-doc --ours-only > "$OUT/bench-cache-$v.log" 2>&1
     echo "--- gather $v"
     grep -E "^gather .* ours|FAIL" "$OUT/bench-cache-$v.log"
@@ -104,8 +111,8 @@ if mode b1; then  # batch-1 decode: split sweep per forced head group
 fi
 if mode phases; then  # ATTN_SWEEP variants as in the attention mode
   for v in ${ATTN_SWEEP:-default}; do
-    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
-    env ${envs//,/ } timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks_$name.log" 2>&1 || rc=1
+    variant "$v"
+    env $envs timeout 200 $PY bench/phase_clocks.py > "$OUT/phase_clocks_$name.log" 2>&1 || rc=1
     echo "--- phases ($name)"; cut -c1-300 "$OUT/phase_clocks_$name.log"
   done
 fi
