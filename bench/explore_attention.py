@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--b1", action="store_true", help="also sweep splits at batch 1")
     ap.add_argument("--b1-only", action="store_true", help="only the batch-1 sweep")
     ap.add_argument("--prefill-only", action="store_true", help="only the prefill cases")
+    ap.add_argument("--prefill-heads", default="64,32,8", help="head counts of the prefill cases")
     args = ap.parse_args()
     common.require_cuda()
     common.warm_gpu(1.0)
@@ -115,7 +116,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     t_tok = 4096
     keys = ba.TOPK + ba.WINDOW
-    for heads in (() if args.b1_only else (64, 32, 8)):
+    for heads in (() if args.b1_only else [int(h) for h in args.prefill_heads.split(",")]):
         sets = [ba.make_prefill_set(t_tok, heads) for _ in range(2)]
         s0 = sets[0]
         s0["out"].fill_(float("nan"))

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Same-run A/B of the kernels of this tree against those of a base commit (device tool).
+# Here:   git archive --format=tar.gz -o dist/ab-base-csrc.tar.gz BASE csrc
+#         (or scripts/device/ab.sh --pack BASE), make gpu-bundle; carry dist.
+# There:  bash scripts/device/ab.sh
+# Builds the extension twice in one call (this tree's csrc, then the base's csrc into a second
+# .so, selected by $DEEPINFER_SM80_EXT), runs the attention GPU tests on this tree's build
+# (AB_TESTS=0 skips them), then AB_ROUNDS (default 3) interleaved rounds of
+# bench/explore_attention.py --prefill-only for: base, new, and each AB_ENVS entry
+# (NAME=ENV=VAL,ENV=VAL, run on the new build). Interleaving spreads run-to-run drift over
+# every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too).
+# AB_BENCH=cache: instead, the cache/index GPU tests and bench/bench_cache.py --ours-only
+# --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
+# or combine: that kernel only) for base, new and AB_ENVS; AB_BASELINES=1: then once more for
+# the new build with upstream's and the portable Triton baselines.
+set -uo pipefail
+if [ "${1:-}" = --pack ]; then
+  mkdir -p dist && git archive --format=tar.gz -o dist/ab-base-csrc.tar.gz "${2:?base ref}" csrc \
+    && echo "dist/ab-base-csrc.tar.gz: csrc of $(git rev-parse --short "$2")"
+  exit $?
+fi
+BASE_TGZ=$(pwd)/dist/ab-base-csrc.tar.gz
+[ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
+source "$(dirname "$0")/bundle_env.sh" ab
+mkdir -p /tmp/ab-so
+cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || exit 1
+t0=$SECONDS
+mv csrc csrc-new && mkdir csrc-base && tar xzf "$BASE_TGZ" -C csrc-base && mv csrc-base/csrc csrc
+rm -rf build/ext
+.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+  --only-extra --target overlay -j "$(nproc)" > "$OUT/build-base.log" 2>&1 || { tail -30 "$OUT/build-base.log"; exit 1; }
+cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || exit 1
+rm -rf csrc && mv csrc-new csrc
+echo "=== base build ok ($((SECONDS - t0)) s)"
+export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+if [ "${AB_BENCH:-attention}" = cache ]; then
+  timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py \
+    > "$OUT/tests-cache.log" 2>&1 || rc=1
+  echo "cache/index tests (new): $(tail -1 "$OUT/tests-cache.log")"
+  for v in ${AB_ENVS:-}; do  # knob variants must be exact too
+    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}; envs=${envs//,/ }
+    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
+      > "$OUT/tests-cache-$name.log" 2>&1 || rc=1
+    echo "gather tests ($name): $(tail -1 "$OUT/tests-cache-$name.log")"
+  done
+  for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+    for v in base new ${AB_ENVS:-}; do
+      name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}; envs=${envs//,/ }
+      so=/tmp/ab-so/new.so; [ "$name" = base ] && so=/tmp/ab-so/base.so
+      env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/bench_cache.py --no-doc --ours-only --quick \
+        ${AB_ONLY:+--only $AB_ONLY} \
+        > "$OUT/ab_cache_${name}_$r.log" 2>&1 || rc=1
+      echo "--- $name round $r"; grep -E "^(gather|combine) |FAIL" "$OUT/ab_cache_${name}_$r.log" | head -12
+    done
+  done
+  if [ -n "${AB_BASELINES:-}" ]; then  # new build with upstream / portable baselines, same call
+    timeout 240 $PY bench/bench_cache.py --no-doc --quick ${AB_ONLY:+--only $AB_ONLY} \
+      > "$OUT/ab_cache_baselines.log" 2>&1 || rc=1
+    echo "--- new with baselines"; grep -E "^(gather|combine) |FAIL|copy" "$OUT/ab_cache_baselines.log" | head -20
+  fi
+  echo "ab.sh rc=$rc"; exit $rc
+fi
+if [ "${AB_TESTS:-1}" != 0 ]; then
+  t0=$SECONDS
+  timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
+    > "$OUT/tests-attention.log" 2>&1 || rc=1
+  echo "attention tests (new): $(tail -1 "$OUT/tests-attention.log") ($((SECONDS - t0)) s)"
+fi
+cases="--prefill-only --prefill-heads ${PREFILL_HEADS:-64}"
+case "${AB_CASES:-prefill}" in *decode*) cases="--prefill-heads ${PREFILL_HEADS:-64}" ;; esac
+for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+  for v in base new ${AB_ENVS:-}; do
+    name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}; envs=${envs//,/ }
+    so=/tmp/ab-so/new.so; [ "$name" = base ] && so=/tmp/ab-so/base.so
+    env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/explore_attention.py --tag "$name" $cases \
+      --smem-cap 166912 > "$OUT/ab_${name}_$r.log" 2>&1 || rc=1
+    grep '"case"' "$OUT/ab_${name}_$r.log" | cut -c1-170
+  done
+done
+echo "ab.sh rc=$rc"; exit $rc
