@@ -10,8 +10,11 @@ decode:
   reaches about 83% of the copy ceiling on the H200.
 - ``chunk_mix_time`` / ``chunk_mix_best``: 16-byte-aligned chunks, 9 read per 16 written
   (0.5625 against the gather's 0.570), no masks; its best shapes reach 85-88% of the copy
-  ceiling on the H200 (2026-11-30, ``python bench/mixed_copy.py``), the figure to hold the
-  gather's 85% target against.
+  ceiling on the H200 (2026-11-30, ``python bench/mixed_copy.py``).
+- ``records_copy_time``: the gather's exact traffic without the decode: 584-byte V4 records
+  (576 data bytes + the 8-byte scale word from the page's scale region) of a paged cache,
+  pages in random or linear order, -> 1 KB rows, every access an unmasked tile of 16-byte
+  vectors; 79-82% of the copy ceiling on the H200 (``python bench/mixed_copy.py --records``).
 
 Imports torch and triton only.
 """
@@ -105,7 +108,73 @@ def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 1
     return best[1], best[2], best[3]
 
 
-if __name__ == "__main__":  # sweep: the gather's mix (584:1024 ~ 9:16) and 1:1, 79 MB
+@triton.jit
+def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constexpr,
+                     E: tl.constexpr):
+    # the gather's exact traffic without its decode: entry e's 576-byte record (words
+    # 0..143 at page_base + (e % BS) * 144, page = bt[e // BS]) and its 8-byte scale word
+    # (page_base + BS * 144 + (e % BS) * 2) -> a 1 KB row: the record's words, zeros, and
+    # the scale's first word in the last 16 words. Every access an unmasked power-of-two
+    # tile of whole 16-byte vectors (the rows of E entries).
+    e = tl.program_id(0) * E + tl.arange(0, E)[:, None]
+    ok = e < n
+    page = tl.load(bt + e // BS, mask=ok, other=0).to(tl.int64)
+    rec = page * PAGE_WORDS + (e % BS) * 144
+    c128 = tl.arange(0, 128)[None, :]
+    c64 = tl.arange(0, 64)[None, :]
+    c32 = tl.arange(0, 32)[None, :]
+    c16 = tl.arange(0, 16)[None, :]
+    a = tl.load(cache + rec + c128, mask=ok, other=0)
+    b = tl.load(cache + rec + 128 + c16, mask=ok, other=0)
+    s0 = tl.load(cache + page * PAGE_WORDS + BS * 144 + (e % BS) * 2, mask=ok, other=0)
+    row = dst + e.to(tl.int64) * 256
+    tl.store(row + c128, a, mask=ok)
+    tl.store(row + 128 + c16, b, mask=ok)
+    tl.store(row + 144 + c64, tl.zeros([E, 64], dtype=tl.int32), mask=ok)
+    tl.store(row + 208 + c32, tl.zeros([E, 32], dtype=tl.int32), mask=ok)
+    tl.store(row + 240 + c16, tl.zeros([E, 16], dtype=tl.int32) + s0, mask=ok)
+
+
+def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, num_warps: int = 2,
+                      block_size: int = 64, page_bytes: int = 37440, replays: int = 30,
+                      device: str = "cuda") -> Timing:
+    """Graph-replayed time of the gather's traffic (584 bytes of a V4 record from a paged
+    cache -> a 1 KB row) with no decode: pages in random (``shuffle``) or linear order.
+    Checked against torch before timing; inputs rotated past twice the L2."""
+    words = page_bytes // 4
+    pages = -(-entries // block_size)
+    per_set = entries * (584 + 1024)
+    sets = max(2, rotation_count(per_set)) if device == "cuda" else 1
+    bufs = []
+    for _ in range(sets):
+        cache = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
+        bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
+        bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
+    grid = (-(-entries // per_prog),)
+    calls = [(lambda c=c, b=b, d=d: _records_to_rows[grid](c, b, d, entries, PAGE_WORDS=words,
+                                                          BS=block_size, E=per_prog, num_warps=num_warps))
+             for c, b, d in bufs]
+    cache, bt, dst = bufs[0]
+    calls[0]()
+    e = torch.arange(entries, device=device)
+    base = bt.long()[e // block_size] * words + (e % block_size) * 144
+    want = cache[base[:, None] + torch.arange(144, device=device)]
+    scale0 = cache[bt.long()[e // block_size] * words + block_size * 144 + (e % block_size) * 2]
+    if not (torch.equal(dst[:, :144], want) and not bool(dst[:, 144:240].any())
+            and torch.equal(dst[:, 240:], scale0[:, None].expand(-1, 16))):
+        raise RuntimeError("records_to_rows check failed")
+    if device != "cuda":
+        return None
+    t = graph_time(calls, min_calls=4, replays=replays)
+    del bufs
+    return t
+
+
+if __name__ == "__main__":
+    # python bench/mixed_copy.py [--records]: the gather's mix (584:1024 ~ 9:16) and 1:1 in
+    # chunks, 79 MB; --records: the gather's own record -> row traffic without the decode
+    import sys
+
     import common
 
     common.require_cuda()
@@ -113,13 +182,22 @@ if __name__ == "__main__":  # sweep: the gather's mix (584:1024 ~ 9:16) and 1:1,
     ceil = common.copy_bandwidth()["gbps_read_plus_write"]
     total = 49152 * (584 + 1024)
     print(f"copy ceiling {ceil:.0f} GB/s; {total / 1e6:.1f} MB per call")
+    pct = lambda nbytes, t: 100 * nbytes / (t.median_us * 1e3) / ceil  # noqa: E731
     t = widen_rows_time(49152, 584, 1024)
-    print(f"rows 584->1024 (bench_cache's row): {t.median_us:.2f} us = "
-          f"{100 * total / (t.median_us * 1e3) / ceil:.1f}% of copy")
+    print(f"rows 584->1024 (bench_cache's row): {t.median_us:.2f} us = {pct(total, t):.1f}% of copy")
+    if "--records" in sys.argv:
+        t, moved, how = chunk_mix_best(total)
+        print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")
+        for shuffle in (True, False):
+            for e, nw in ((4, 1), (8, 2), (16, 4), (32, 4), (32, 8)):
+                t = records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw)
+                print(f"records -> rows, pages {'random' if shuffle else 'linear'}, {e} per program, "
+                      f"{nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+        sys.exit(0)
     for rch, wch in ((9, 16), (1, 1)):
         for cw in (256, 512, 1024):
             for nw in (2, 4, 8):
                 t = chunk_mix_time(total, rch, wch, chunk_words=cw, num_warps=nw)
                 moved = (total // ((rch + wch) * cw * 4)) * (rch + wch) * cw * 4
                 print(f"chunks {rch}:{wch} x {cw * 4} B, {nw} warps: {t.median_us:.2f} us = "
-                      f"{100 * moved / (t.median_us * 1e3) / ceil:.1f}% of copy", flush=True)
+                      f"{pct(moved, t):.1f}% of copy", flush=True)
