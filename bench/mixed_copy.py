@@ -74,21 +74,32 @@ def _chunk_mix(src, dst, n_prog, RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.co
 
 
 def chunk_mix_time(total_bytes: int, read_chunks: int, write_chunks: int, *, chunk_words: int = 256,
-                   num_warps: int = 4, replays: int = 30) -> Timing:
+                   num_warps: int = 4, replays: int = 30, device: str = "cuda") -> Timing | None:
     """Graph-replayed time of a copy-like kernel moving about ``total_bytes`` with the
     read:write ratio read_chunks:write_chunks, every access a full 16-byte-aligned vector
-    (a second measurement of the mix's ceiling, free of the row kernel's masked 584-byte
-    reads). Inputs rotated past twice the L2."""
+    (free of the row kernel's masked 584-byte reads). Output checked against torch (every
+    written chunk = XOR of the program's read chunks + its index) before timing; inputs
+    rotated past twice the L2. ``device="cpu"`` (Triton's interpreter): the check only."""
     per_prog = (read_chunks + write_chunks) * chunk_words * 4
     progs = max(1, total_bytes // per_prog)
-    sets = max(2, rotation_count(progs * per_prog))
+    sets = max(2, rotation_count(progs * per_prog)) if device == "cuda" else 1
     bufs = [(torch.randint(-2**31, 2**31 - 1, (progs * read_chunks * chunk_words,), dtype=torch.int32,
-                           device="cuda"),
-             torch.empty(progs * write_chunks * chunk_words, dtype=torch.int32, device="cuda"))
+                           device=device),
+             torch.empty(progs * write_chunks * chunk_words, dtype=torch.int32, device=device))
             for _ in range(sets)]
     calls = [(lambda a=a, b=b: _chunk_mix[(progs,)](a, b, progs, RCH=read_chunks, WCH=write_chunks,
                                                    CH=chunk_words, num_warps=num_warps))
              for a, b in bufs]
+    calls[0]()
+    src, dst = bufs[0]
+    acc = src.view(progs, read_chunks, chunk_words)[:, 0].clone()
+    for i in range(1, read_chunks):
+        acc ^= src.view(progs, read_chunks, chunk_words)[:, i]
+    want = acc[:, None, :] + torch.arange(write_chunks, dtype=torch.int32, device=device)[None, :, None]
+    if not torch.equal(dst.view(progs, write_chunks, chunk_words), want):
+        raise RuntimeError("chunk_mix check failed")
+    if device != "cuda":
+        return None
     t = graph_time(calls, min_calls=4, replays=replays)
     del bufs
     return t
@@ -137,10 +148,11 @@ def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constex
 
 def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, num_warps: int = 2,
                       block_size: int = 64, page_bytes: int = 37440, replays: int = 30,
-                      device: str = "cuda") -> Timing:
+                      device: str = "cuda") -> Timing | None:
     """Graph-replayed time of the gather's traffic (584 bytes of a V4 record from a paged
     cache -> a 1 KB row) with no decode: pages in random (``shuffle``) or linear order.
-    Checked against torch before timing; inputs rotated past twice the L2."""
+    Checked against torch before timing; inputs rotated past twice the L2. ``device="cpu"``
+    (Triton's interpreter): the check only."""
     words = page_bytes // 4
     pages = -(-entries // block_size)
     per_set = entries * (584 + 1024)

@@ -1,0 +1,57 @@
+"""CPU check of the reference copies of bench/mixed_copy.py (the rows that docs/benchmarks.md
+sets next to the gather: the chunked 9:16 copy and the record -> row copy of the gather's own
+traffic). Triton's interpreter (TRITON_INTERPRET=1) runs each kernel on CPU tensors and the
+module's own torch checks must pass: a reference copy that does not move what it claims to
+would make its percentage meaningless. Fresh random inputs every run.
+
+The interpreter flag must be set before kernels are defined, so the test re-runs this file as
+a script in a subprocess (same numpy >= 2.4 workaround as test_triton_portable_interp.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _script() -> int:  # runs under TRITON_INTERPRET=1
+    import triton.runtime.interpreter as ti
+
+    orig = ti._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    ti._patch_lang_tensor = patched
+    sys.path.insert(0, str(HERE.parent / "bench"))
+    import mixed_copy
+
+    # chunked copy: 3 programs of 9 read + 16 written chunks of 64 words; 2 : 3 of 16 words
+    mixed_copy.chunk_mix_time(3 * 25 * 64 * 4, 9, 16, chunk_words=64, device="cpu")
+    mixed_copy.chunk_mix_time(5 * 5 * 16 * 4, 2, 3, chunk_words=16, device="cpu")
+    # records -> rows: a partial last program, several pages, random and linear page order
+    mixed_copy.records_copy_time(150, per_prog=8, block_size=64, device="cpu")
+    mixed_copy.records_copy_time(37, per_prog=16, block_size=16, page_bytes=16 * 584 + 64,
+                                 shuffle=False, device="cpu")
+    print("RESULT ok")
+    return 0
+
+
+def test_reference_copies_under_interpreter():
+    pytest.importorskip("triton", reason="triton is not installed (make venv-torch installs it)")
+    pytest.importorskip("torch")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "RESULT ok" in proc.stdout, proc.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    sys.exit(_script())
