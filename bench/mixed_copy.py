@@ -60,6 +60,11 @@ def widen_rows_time(rows: int, read_bytes: int, write_bytes: int, *, min_sets: i
     return t
 
 
+def _time_checked(calls, device: str, replays: int) -> Timing | None:
+    """Graph-replayed time of the (already checked) calls; None off the GPU (interpreter)."""
+    return graph_time(calls, min_calls=4, replays=replays) if device == "cuda" else None
+
+
 @triton.jit
 def _chunk_mix(src, dst, n_prog, RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.constexpr):
     # program p reads RCH chunks of CH int32 and writes WCH chunks (contiguous, 16-byte
@@ -98,11 +103,7 @@ def chunk_mix_time(total_bytes: int, read_chunks: int, write_chunks: int, *, chu
     want = acc[:, None, :] + torch.arange(write_chunks, dtype=torch.int32, device=device)[None, :, None]
     if not torch.equal(dst.view(progs, write_chunks, chunk_words), want):
         raise RuntimeError("chunk_mix check failed")
-    if device != "cuda":
-        return None
-    t = graph_time(calls, min_calls=4, replays=replays)
-    del bufs
-    return t
+    return _time_checked(calls, device, replays)
 
 
 def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 16,
@@ -175,11 +176,7 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
     if not (torch.equal(dst[:, :144], want) and not bool(dst[:, 144:240].any())
             and torch.equal(dst[:, 240:], scale0[:, None].expand(-1, 16))):
         raise RuntimeError("records_to_rows check failed")
-    if device != "cuda":
-        return None
-    t = graph_time(calls, min_calls=4, replays=replays)
-    del bufs
-    return t
+    return _time_checked(calls, device, replays)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ module's own torch checks must pass: a reference copy that does not move what it
 would make its percentage meaningless. Fresh random inputs every run.
 
 The interpreter flag must be set before kernels are defined, so the test re-runs this file as
-a script in a subprocess (same numpy >= 2.4 workaround as test_triton_portable_interp.py).
+a script in a subprocess (numpy >= 2.4 workaround: tests/triton_interp.py).
 """
 
 from __future__ import annotations
@@ -21,15 +21,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def _script() -> int:  # runs under TRITON_INTERPRET=1
-    import triton.runtime.interpreter as ti
+    sys.path.insert(0, str(HERE))
+    from triton_interp import patch_index
 
-    orig = ti._patch_lang_tensor
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    ti._patch_lang_tensor = patched
+    patch_index()
     sys.path.insert(0, str(HERE.parent / "bench"))
     import mixed_copy
 

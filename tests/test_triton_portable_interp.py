@@ -33,15 +33,10 @@ CASES = {
 
 def _script() -> int:  # runs under TRITON_INTERPRET=1
     import numpy  # noqa: F401
-    import triton.runtime.interpreter as ti
+    sys.path.insert(0, str(HERE))
+    from triton_interp import patch_index
 
-    orig = ti._patch_lang_tensor
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    ti._patch_lang_tensor = patched
+    patch_index()
 
     import torch
 
