@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -116,15 +115,12 @@ def _script() -> int:  # runs under TRITON_INTERPRET=1
 
 
 def _run():
-    import pytest
+    sys.path.insert(0, str(HERE))
+    from triton_interp import run_interpreted
 
-    pytest.importorskip("triton", reason="triton is not installed (make venv-torch installs it)")
-    pytest.importorskip("torch")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True,
-                          text=True, env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = run_interpreted(Path(__file__).resolve(), timeout=900)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, out[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
 
 
