@@ -445,8 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     report.notes.append(
         "times: CUDA-graph replay, median per call (iqr = 25th-75th percentile), input sets "
         "rotated to exceed 2x L2; 'copy, same bytes' = graph-replayed bitwise_not reading half "
-        "and writing half of the row's bytes (the copy ceiling at this size); gather bytes = 584 read + 1024 written per entry; combine "
-        "bytes = top-k entries read + 640x4 B row + 4 B length written per token")
+        "and writing half of the row's bytes (the copy ceiling at this size); 'copy, same read:write mix' = contiguous "
+        "584-byte rows -> 1024-byte rows (masked loads; not a ceiling); 'copy, 9:16 read:write mix' = 16-byte-aligned "
+        "chunks, 9 read per 16 written, the best of three shapes (bench/mixed_copy.py); gather bytes = 584 read + "
+        "1024 written per entry; combine bytes = top-k entries read + 640x4 B row + 4 B length written per token")
     if impls.upstream_mod is not None:
         try:
             upstream_sm80_compile_check(report, impls.upstream_mod)
