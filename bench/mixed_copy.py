@@ -78,6 +78,12 @@ def _chunk_mix(src, dst, n_prog, RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.co
         tl.store(dst + (p * WCH + i) * CH + c, acc + i)
 
 
+def chunk_mix_bytes(total_bytes: int, read_chunks: int, write_chunks: int, chunk_words: int) -> int:
+    """Bytes the chunked copy moves for ``total_bytes`` (whole programs only, at least one)."""
+    per_prog = (read_chunks + write_chunks) * chunk_words * 4
+    return max(1, total_bytes // per_prog) * per_prog
+
+
 def chunk_mix_time(total_bytes: int, read_chunks: int, write_chunks: int, *, chunk_words: int = 256,
                    num_warps: int = 4, replays: int = 30, device: str = "cuda") -> Timing | None:
     """Graph-replayed time of a copy-like kernel moving about ``total_bytes`` with the
@@ -85,9 +91,9 @@ def chunk_mix_time(total_bytes: int, read_chunks: int, write_chunks: int, *, chu
     (free of the row kernel's masked 584-byte reads). Output checked against torch (every
     written chunk = XOR of the program's read chunks + its index) before timing; inputs
     rotated past twice the L2. ``device="cpu"`` (Triton's interpreter): the check only."""
-    per_prog = (read_chunks + write_chunks) * chunk_words * 4
-    progs = max(1, total_bytes // per_prog)
-    sets = max(2, rotation_count(progs * per_prog)) if device == "cuda" else 1
+    moved = chunk_mix_bytes(total_bytes, read_chunks, write_chunks, chunk_words)
+    progs = moved // ((read_chunks + write_chunks) * chunk_words * 4)
+    sets = max(2, rotation_count(moved)) if device == "cuda" else 1
     bufs = [(torch.randint(-2**31, 2**31 - 1, (progs * read_chunks * chunk_words,), dtype=torch.int32,
                            device=device),
              torch.empty(progs * write_chunks * chunk_words, dtype=torch.int32, device=device))
@@ -112,8 +118,7 @@ def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 1
     best = None
     for cw, nw in shapes:
         t = chunk_mix_time(total_bytes, read_chunks, write_chunks, chunk_words=cw, num_warps=nw)
-        per_prog = (read_chunks + write_chunks) * cw * 4
-        moved = max(1, total_bytes // per_prog) * per_prog
+        moved = chunk_mix_bytes(total_bytes, read_chunks, write_chunks, cw)
         rate = moved / t.median_us
         if best is None or rate > best[0]:
             best = (rate, t, moved, f"{cw * 4} B chunks, {nw} warps")
@@ -207,6 +212,6 @@ if __name__ == "__main__":
         for cw in (256, 512, 1024):
             for nw in (2, 4, 8):
                 t = chunk_mix_time(total, rch, wch, chunk_words=cw, num_warps=nw)
-                moved = (total // ((rch + wch) * cw * 4)) * (rch + wch) * cw * 4
+                moved = chunk_mix_bytes(total, rch, wch, cw)
                 print(f"chunks {rch}:{wch} x {cw * 4} B, {nw} warps: {t.median_us:.2f} us = "
                       f"{pct(moved, t):.1f}% of copy", flush=True)

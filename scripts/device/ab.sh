@@ -14,10 +14,6 @@
 # or combine: that kernel only) for base, new and AB_ENVS; AB_BASELINES=1: then once more for
 # the new build with upstream's and the portable Triton baselines.
 set -uo pipefail
-variant() {  # variant NAME=ENV=VAL,ENV=VAL: sets name, envs (space-separated) and so (the .so)
-  name=${1%%=*}; envs=""; [ "$name" != "$1" ] && envs=${1#*=}; envs=${envs//,/ }
-  so=/tmp/ab-so/new.so; [ "$name" = base ] && so=/tmp/ab-so/base.so
-}
 if [ "${1:-}" = --pack ]; then
   mkdir -p dist && git archive --format=tar.gz -o dist/ab-base-csrc.tar.gz "${2:?base ref}" csrc \
     && echo "dist/ab-base-csrc.tar.gz: csrc of $(git rev-parse --short "$2")"
@@ -26,6 +22,9 @@ fi
 BASE_TGZ=$(pwd)/dist/ab-base-csrc.tar.gz
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
 source "$(dirname "$0")/bundle_env.sh" ab
+ab_variant() {  # bundle_env's variant, plus so: the .so the variant runs on
+  variant "$1"; so=/tmp/ab-so/new.so; [ "$name" = base ] && so=/tmp/ab-so/base.so
+}
 mkdir -p /tmp/ab-so
 cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || exit 1
 t0=$SECONDS
@@ -42,14 +41,14 @@ if [ "${AB_BENCH:-attention}" = cache ]; then
     > "$OUT/tests-cache.log" 2>&1 || rc=1
   echo "cache/index tests (new): $(tail -1 "$OUT/tests-cache.log")"
   for v in ${AB_ENVS:-}; do  # knob variants must be exact too
-    variant "$v"
+    ab_variant "$v"
     env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
       > "$OUT/tests-cache-$name.log" 2>&1 || rc=1
     echo "gather tests ($name): $(tail -1 "$OUT/tests-cache-$name.log")"
   done
   for r in $(seq 1 "${AB_ROUNDS:-3}"); do
     for v in base new ${AB_ENVS:-}; do
-      variant "$v"
+      ab_variant "$v"
       env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/bench_cache.py --no-doc --ours-only --quick \
         ${AB_ONLY:+--only $AB_ONLY} \
         > "$OUT/ab_cache_${name}_$r.log" 2>&1 || rc=1
@@ -73,7 +72,7 @@ cases="--prefill-only --prefill-heads ${PREFILL_HEADS:-64}"
 case "${AB_CASES:-prefill}" in *decode*) cases="--prefill-heads ${PREFILL_HEADS:-64}" ;; esac
 for r in $(seq 1 "${AB_ROUNDS:-3}"); do
   for v in base new ${AB_ENVS:-}; do
-    variant "$v"
+    ab_variant "$v"
     env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/explore_attention.py --tag "$name" $cases \
       --smem-cap 166912 > "$OUT/ab_${name}_$r.log" 2>&1 || rc=1
     grep '"case"' "$OUT/ab_${name}_$r.log" | cut -c1-170

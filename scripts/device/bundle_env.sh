@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Shared prologue of the device scripts (final.sh, explore.sh), sourced, not run:
+# Shared prologue of the device scripts (final.sh, explore.sh, ab.sh), sourced, not run:
 #   source scripts/device/bundle_env.sh NAME
 # Logs go to /tmp/NAME-logs and travel back as $OUT/NAME-logs.tgz (the device returns at
 # most 8 files); RES is the original $OUT for files that should come back one by one. Then
 # the GPU bundle (dist/deepinfer-gpu-bundle.tar.gz, from `make gpu-bundle`) is unpacked in
 # /tmp/deepinfer-NAME, its setup.sh run, and the whole extension built from compute_80 PTX
-# as sm_90 SASS (nothing newer than SM80 can slip in). Leaves the shell in the bundle with
+# as sm_90 SASS (nothing newer than SM80 can slip in). Defines `variant NAME=ENV=VAL,..` (sets
+# name and envs). Leaves the shell in the bundle with
 # PY=.venv/bin/python and rc=0.
 _name=$1
 RES=${OUT:-/tmp/out}; mkdir -p "$RES"
@@ -26,3 +27,6 @@ t0=$SECONDS
 echo "=== build ok ($((SECONDS - t0)) s)"
 PY=.venv/bin/python
 rc=0
+variant() {  # variant NAME=ENV=VAL,ENV=VAL: sets name and envs (space-separated) for `env $envs ...`
+  name=${1%%=*}; envs=""; [ "$name" != "$1" ] && envs=${1#*=}; envs=${envs//,/ }
+}

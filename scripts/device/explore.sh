@@ -18,24 +18,19 @@
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
 #   profile-prefill  Nsight Compute warp states and stall samples of the 64-head prefill
-#   prefill-ab    64-head prefill only, ATTN_SWEEP variants interleaved for AB_ROUNDS rounds
-#                 (default 3; PREFILL_HEADS, default 64), after the default's attention tests
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
 #                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
 #   cache         bench_cache with baselines, then the GATHER_SWEEP knob sets (no attention)
 #   all           tests, bench, profile
 # Several modes in one call (one build): comma-separated, e.g. tests,cache.
-#   bash scripts/device/explore.sh [tests|bench|cache|attention|prefill-ab|phases|profile|profile-full|
+#   bash scripts/device/explore.sh [tests|bench|cache|attention|phases|profile|profile-full|
 #                                   profile-attn|profile-prefill|profile-combine|b1|all][,...]
 set -uo pipefail
 MODE=${1:-all}
 mode() {  # mode NAME: NAME was asked for (all implies tests, bench, profile)
   case ",$MODE," in *",$1,"*) return 0 ;; esac
   [ "$MODE" = all ] && { [ "$1" = tests ] || [ "$1" = bench ] || [ "$1" = profile ]; }
-}
-variant() {  # variant NAME=ENV,ENV: sets name and envs (space-separated) for `env $envs ...`
-  name=${1%%=*}; envs=""; [ "$name" != "$1" ] && envs=${1#*=}; envs=${envs//,/ }
 }
 gather_envs() {  # gather_envs KNOB=VAL,KNOB=VAL -> DEEPINFER_GATHER_KNOB=VAL ... (space-separated)
   echo "$1" | sed 's/\([A-Z0-9_]*=\)/DEEPINFER_GATHER_\1/g; s/,/ /g'
@@ -66,21 +61,6 @@ if mode attention; then  # one attention A/B: ATTN_SWEEP variants, tests for eac
       --json "$OUT/explore_attention_$name.json" > "$OUT/explore_attention_$name.log" 2>&1 || rc=1
     grep -v "^\[" "$OUT/explore_attention_$name.log" | grep -v "kernels\|Warn\|warn" | cut -c1-200
   done
-fi
-if mode prefill-ab; then  # interleaved rounds: run-to-run drift hits every variant alike
-  t0=$SECONDS
-  timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
-    > "$OUT/tests-attention-default.log" 2>&1 || rc=1
-  echo "attention tests (default): $(tail -1 "$OUT/tests-attention-default.log")"
-  for r in $(seq 1 "${AB_ROUNDS:-3}"); do
-    for v in ${ATTN_SWEEP:-default}; do
-      variant "$v"
-      env $envs timeout 120 $PY bench/explore_attention.py --tag "$name" --prefill-only \
-        --prefill-heads "${PREFILL_HEADS:-64}" --smem-cap 166912 > "$OUT/prefill_ab_${name}_$r.log" 2>&1 || rc=1
-      grep '"case"' "$OUT/prefill_ab_${name}_$r.log" | cut -c1-160
-    done
-  done
-  echo "=== prefill-ab ($((SECONDS - t0)) s)"
 fi
 if mode bench; then
   t0=$SECONDS
