@@ -1,8 +1,9 @@
 """Exploration sweep for the sparse MLA kernels (GPU): not the benchmark of record
 (bench_attention.py is), but the measurements that decide tuning choices.
 
-- decode at batch 1 with the split count forced (0 = automatic) and the per-kernel device
-  durations of one call (torch.profiler), to see where the time of a small decode goes;
+- decode at batch 1 (--b1) or any batch and head count (--split-sweep B:H,..) with the split
+  count forced (0 = automatic) and the per-kernel device durations of one call
+  (torch.profiler), to see where the time of a decode goes;
 - decode at batch 32/128 and prefill (4096 tokens) for whatever variant the environment
   selects (e.g. $DEEPINFER_ATTN_NARROW=0), so two processes compare variants (--tag names
   them).
@@ -78,6 +79,8 @@ def main() -> None:
     ap.add_argument("--smem-cap", type=int, default=0)
     ap.add_argument("--b1", action="store_true", help="also sweep splits at batch 1")
     ap.add_argument("--b1-only", action="store_true", help="only the batch-1 sweep")
+    ap.add_argument("--split-sweep", default="",
+                    help="forced-split decode sweeps, B:H[,B:H] (e.g. 128:8); 0 = the planner's choice")
     ap.add_argument("--prefill-only", action="store_true", help="only the prefill cases")
     ap.add_argument("--prefill-heads", default="64,32,8", help="head counts of the prefill cases")
     args = ap.parse_args()
@@ -91,20 +94,21 @@ def main() -> None:
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    if args.b1 or args.b1_only:
-        for heads in (8, 64):
-            sets = decode_sets(ref, 1, 1, heads, n=8)
-            for splits in (0, 1, 2, 4, 5, 10, 20):
-                err = check_decode(ops, ref, sets[0], splits, args.smem_cap)
-                t = common.graph_time([decode_call(ops, s, splits, args.smem_cap) for s in sets],
-                                      min_calls=16)
-                emit(case="decode B=1", heads=heads, splits=splits, us=t.median_us, err=err)
-            try:
-                kd = kernel_durations(decode_call(ops, sets[0], 0, args.smem_cap))
-                emit(case="decode B=1 kernels", heads=heads, kernels=kd[:6])
-            except Exception as e:  # noqa: BLE001
-                emit(case="decode B=1 kernels", heads=heads, error=repr(e)[:200])
-            del sets
+    sweeps = [(1, 8), (1, 64)] if args.b1 or args.b1_only else []
+    sweeps += [tuple(int(x) for x in bh.split(":")) for bh in args.split_sweep.split(",") if bh]
+    for reqs, heads in sweeps:
+        sets = decode_sets(ref, reqs, 1, heads, n=8 if reqs == 1 else None)
+        for splits in (0, 1, 2, 4, 5, 10, 20):
+            err = check_decode(ops, ref, sets[0], splits, args.smem_cap)
+            t = common.graph_time([decode_call(ops, s, splits, args.smem_cap) for s in sets],
+                                  min_calls=16)
+            emit(case=f"decode B={reqs}", heads=heads, splits=splits, us=t.median_us, err=err)
+        try:
+            kd = kernel_durations(decode_call(ops, sets[0], 0, args.smem_cap))
+            emit(case=f"decode B={reqs} kernels", heads=heads, kernels=kd[:6])
+        except Exception as e:  # noqa: BLE001
+            emit(case=f"decode B={reqs} kernels", heads=heads, error=repr(e)[:200])
+        del sets
     for heads, reqs in (() if args.b1_only or args.prefill_only else ((64, 128), (64, 32), (8, 128), (32, 128))):
         sets = decode_sets(ref, reqs, 1, heads)
         err = check_decode(ops, ref, sets[0], 0, args.smem_cap)
@@ -116,7 +120,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     t_tok = 4096
     keys = ba.TOPK + ba.WINDOW
-    for heads in (() if args.b1_only else [int(h) for h in args.prefill_heads.split(",")]):
+    for heads in (() if args.b1_only else [int(h) for h in args.prefill_heads.split(",") if h]):
         sets = [ba.make_prefill_set(t_tok, heads) for _ in range(2)]
         s0 = sets[0]
         s0["out"].fill_(float("nan"))

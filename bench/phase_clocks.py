@@ -7,7 +7,7 @@ nanoseconds (so the SM clock), the prologue and epilogue, and the cycles spent p
 loop (wait + barrier for the tile, fp8 dequantisation, score MMA (the loader warps: the
 next tile's copies), barrier, softmax, barrier, PV MMA). A barrier's wait usually lands in
 the phase after it (the clock read is not ordered after the barrier). This script runs prefill (64 and 8 heads,
-4096 tokens x 640 keys) and decode (batch 128, 64 heads) once each after a warm-up and
+4096 tokens x 640 keys) and decode (batch 128, 64 and 8 heads) once each after a warm-up and
 prints the mean cycles per tile per phase.
 
 Usage: python bench/phase_clocks.py   (stdout of the kernels is parsed from a subprocess)
@@ -40,11 +40,12 @@ def run_cases() -> None:
             ops.flash_mla_sparse_fwd(s["q"], s["kv"], s["idx"], ba.SCALE, attn_sink=s["sink"],
                                      topk_length=s["lens"], out=s["out"])
             torch.cuda.synchronize()
-    d = ba.make_decode_set(ref, 128, 1, 64, 2)
-    for it in range(2):
-        print(f"CASE decode B=128 H=64 it={it}", flush=True)
-        ea.decode_call(ops, d, 0, 0)()
-        torch.cuda.synchronize()
+    for heads in (64, 8):
+        d = ba.make_decode_set(ref, 128, 1, heads, 2)
+        for it in range(2):
+            print(f"CASE decode B=128 H={heads} it={it}", flush=True)
+            ea.decode_call(ops, d, 0, 0)()
+            torch.cuda.synchronize()
 
 
 def summarise(text: str) -> None:

@@ -47,7 +47,7 @@ struct SparseMlaParams {
   // main kernel writes out/lse itself; else it writes partials that combine merges.
   int num_splits = 1;
   int keys_per_split = 0;          // multiple of the tile's key count
-  float* part_o = nullptr;         // [T, splits, 512, H] unnormalised sum p*v
+  float* part_o = nullptr;         // [T, splits, H, 512] unnormalised sum p*v
   float* part_ml = nullptr;        // [T, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
 };
 

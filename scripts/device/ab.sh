@@ -8,7 +8,8 @@
 # (AB_TESTS=0 skips them), then AB_ROUNDS (default 3) interleaved rounds of
 # bench/explore_attention.py --prefill-only for: base, new, and each AB_ENVS entry
 # (NAME=ENV=VAL,ENV=VAL, run on the new build). Interleaving spreads run-to-run drift over
-# every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too).
+# every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too; "b1"
+# adds the batch-1 split sweep); AB_SPLIT_SWEEP=B:H,.. adds forced-split decode sweeps.
 # AB_BENCH=cache: instead, the cache/index GPU tests and bench/bench_cache.py --ours-only
 # --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
 # or combine: that kernel only) for base, new and AB_ENVS; AB_BASELINES=1: then once more for
@@ -70,6 +71,8 @@ if [ "${AB_TESTS:-1}" != 0 ]; then
 fi
 cases="--prefill-only --prefill-heads ${PREFILL_HEADS:-64}"
 case "${AB_CASES:-prefill}" in *decode*) cases="--prefill-heads ${PREFILL_HEADS:-64}" ;; esac
+case "${AB_CASES:-prefill}" in *b1*) cases="${cases/--prefill-only/} --b1" ;; esac
+[ -n "${AB_SPLIT_SWEEP:-}" ] && cases="${cases/--prefill-only/} --split-sweep $AB_SPLIT_SWEEP"
 for r in $(seq 1 "${AB_ROUNDS:-3}"); do
   for v in base new ${AB_ENVS:-}; do
     ab_variant "$v"

@@ -19,13 +19,14 @@
 #                 then the batch-1 decode split sweep
 #   profile-prefill  Nsight Compute warp states and stall samples of the 64-head prefill
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
+#   splits        decode split sweep (forced splits) for SPLIT_SWEEP=B:H,.. (default 128:8,128:32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
 #                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
 #   cache         bench_cache with baselines, then the GATHER_SWEEP knob sets (no attention)
 #   all           tests, bench, profile
 # Several modes in one call (one build): comma-separated, e.g. tests,cache.
 #   bash scripts/device/explore.sh [tests|bench|cache|attention|phases|profile|profile-full|
-#                                   profile-attn|profile-prefill|profile-combine|b1|all][,...]
+#                                   profile-attn|profile-prefill|profile-combine|b1|splits|all][,...]
 set -uo pipefail
 MODE=${1:-all}
 mode() {  # mode NAME: NAME was asked for (all implies tests, bench, profile)
@@ -98,6 +99,11 @@ if mode profile-full; then  # every memory / scheduler section for gather and co
     --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats $PY bench/profile_gather.py > "$OUT/ncu_gather_full.txt" 2>&1
   grep -E "^  [a-z].*\(|^    [A-Z].*[0-9]$|^    [A-Z].*%" "$OUT/ncu_gather_full.txt" | grep -v "^    -" | cut -c1-120 | head -150
+fi
+if mode splits; then  # decode split sweep at any batch / head count, planner's choice = splits 0
+  timeout 300 $PY bench/explore_attention.py --tag splits --split-sweep "${SPLIT_SWEEP:-128:8,128:32}" \
+    --prefill-heads "" --smem-cap 166912 > "$OUT/explore_attention_splits.log" 2>&1 || rc=1
+  grep -v "^\[" "$OUT/explore_attention_splits.log" | grep '"case"' | cut -c1-400
 fi
 if mode b1; then  # batch-1 decode: split sweep per forced head group
   for hg in ${B1_HEADS:-8 16 32}; do

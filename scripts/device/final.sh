@@ -8,8 +8,9 @@
 #   - bench/bench_attention.py --quick at the SM86 cap (99 KB), grid for 84 SMs -> attention_sm86
 # Back under $OUT: docs/benchmarks.md of the bundle (sections rewritten by the runs), the
 # results JSON, and final-logs.tgz (every log).
-#   bash scripts/device/final.sh [all|cache]   (cache: tests of the cache/index kernels and
-#                                               bench_cache only, after a change to them)
+#   bash scripts/device/final.sh [all|cache|attention]   (cache: tests of the cache/index
+#       kernels and bench_cache only, after a change to them; attention: every GPU test and
+#       the two attention benchmarks, no bench_cache, after a change to the attention kernels)
 set -uo pipefail
 MODE=${1:-all}
 source "$(dirname "$0")/bundle_env.sh" final
@@ -20,22 +21,24 @@ $PY -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
 t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_cache.py" \
-  $PY bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
-grep -E "^\| (dequant|combine)|FAIL" "$OUT/bench-cache.log" | head -40
-echo "=== cache bench ($((SECONDS - t0)) s)"
+if [ "$MODE" != attention ]; then
+  DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_cache.py" \
+    $PY bench/bench_cache.py > "$OUT/bench-cache.log" 2>&1 || rc=1
+  grep -E "^\| (dequant|combine)|FAIL" "$OUT/bench-cache.log" | head -40
+  echo "=== cache bench ($((SECONDS - t0)) s)"
+fi
 if [ "$MODE" = cache ]; then
   cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
   find bench/results -name '*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
   echo "final.sh cache rc=$rc"; exit $rc
 fi
 t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --smem-cap 166912" \
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_attention.py --smem-cap 166912" \
   $PY bench/bench_attention.py --smem-cap 166912 > "$OUT/bench-attention.log" 2>&1 || rc=1
 grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention.log" | head -30
 echo "=== attention bench ($((SECONDS - t0)) s)"
 t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh : bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86" \
+DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86" \
   $PY bench/bench_attention.py --quick --smem-cap 101376 --sm-count 84 --section attention_sm86 \
   > "$OUT/bench-attention-sm86.log" 2>&1 || rc=1
 grep -E "^\| (decode|prefill)|FAIL" "$OUT/bench-attention-sm86.log" | head -20
