@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--b1", action="store_true", help="also sweep splits at batch 1")
     ap.add_argument("--b1-only", action="store_true", help="only the batch-1 sweep")
     ap.add_argument("--split-sweep", default="",
-                    help="forced-split decode sweeps, B:H[,B:H] (e.g. 128:8); 0 = the planner's choice")
+                    help="forced-split decode sweeps, B:H[:rows per request],.. (e.g. 128:8,32:64:6); "
+                         "split 0 = the planner's choice")
     ap.add_argument("--prefill-only", action="store_true", help="only the prefill cases")
     ap.add_argument("--prefill-heads", default="64,32,8", help="head counts of the prefill cases")
     args = ap.parse_args()
@@ -96,18 +97,20 @@ def main() -> None:
 
     sweeps = [(1, 8), (1, 64)] if args.b1 or args.b1_only else []
     sweeps += [tuple(int(x) for x in bh.split(":")) for bh in args.split_sweep.split(",") if bh]
-    for reqs, heads in sweeps:
-        sets = decode_sets(ref, reqs, 1, heads, n=8 if reqs == 1 else None)
+    for reqs, heads, *rest in sweeps:
+        rows_per_req = rest[0] if rest else 1
+        sets = decode_sets(ref, reqs, rows_per_req, heads, n=8 if reqs == 1 else None)
         for splits in (0, 1, 2, 4, 5, 10, 20):
             err = check_decode(ops, ref, sets[0], splits, args.smem_cap)
             t = common.graph_time([decode_call(ops, s, splits, args.smem_cap) for s in sets],
                                   min_calls=16)
-            emit(case=f"decode B={reqs}", heads=heads, splits=splits, us=t.median_us, err=err)
+            emit(case=f"decode B={reqs} rows={rows_per_req}", heads=heads, splits=splits, us=t.median_us,
+                 err=err)
         try:
             kd = kernel_durations(decode_call(ops, sets[0], 0, args.smem_cap))
-            emit(case=f"decode B={reqs} kernels", heads=heads, kernels=kd[:6])
+            emit(case=f"decode B={reqs} rows={rows_per_req} kernels", heads=heads, kernels=kd[:6])
         except Exception as e:  # noqa: BLE001
-            emit(case=f"decode B={reqs} kernels", heads=heads, error=repr(e)[:200])
+            emit(case=f"decode B={reqs} rows={rows_per_req} kernels", heads=heads, error=repr(e)[:200])
         del sets
     for heads, reqs in (() if args.b1_only or args.prefill_only else ((64, 128), (64, 32), (8, 128), (32, 128))):
         sets = decode_sets(ref, reqs, 1, heads)

@@ -19,7 +19,7 @@
 #                 then the batch-1 decode split sweep
 #   profile-prefill  Nsight Compute warp states and stall samples of the 64-head prefill
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
-#   splits        decode split sweep (forced splits) for SPLIT_SWEEP=B:H,.. (default 128:8,128:32)
+#   splits        decode split sweep (forced splits) for SPLIT_SWEEP=B:H[:rows],.. (default 128:8,128:32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
 #                 builds with NVCC_APPEND_FLAGS=-DDEEPINFER_ATTN_PHASE_CLOCKS itself
 #   cache         bench_cache with baselines, then the GATHER_SWEEP knob sets (no attention)

@@ -101,10 +101,10 @@ def _check(out, lse, ref64, ref32, lse64, tag):
     return e64, e32
 
 
-def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind, cap, splits=0):
+def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind, cap, splits=0, topk=512):
     seed = _seed()
     t = num_req * rows
-    window, topk = 128, 512
+    window = 128
     # SWA cache: each request owns random pages; row j of a request sees positions
     # [pos + j - 127, pos + j] (MTP/DSpark rows overlap).
     pages_per_req = 4
@@ -155,7 +155,7 @@ def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind
     args = (q, swa, swa_idx, swa_lens, comp, comp_idx, comp_lens, sink, SCALE)
     r64, l64 = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float64)
     r32, _ = ref.sparse_mla_decode_ref(*args, compute_dtype=torch.float32)
-    tag = f"decode seed={seed} req={num_req} rows={rows} h={heads} swa_only={swa_only} lens={lens_kind} big={big_slots} sink={sink_kind} cap={cap} splits={splits}"
+    tag = f"decode seed={seed} req={num_req} rows={rows} h={heads} swa_only={swa_only} lens={lens_kind} big={big_slots} sink={sink_kind} cap={cap} splits={splits} topk={topk}"
     _check(out, lse, r64, r32, l64, tag)
     if lens_kind == "mixed":
         empty = (swa_lens == 0) & ((comp_lens == 0) if comp_lens is not None else True)
@@ -197,6 +197,16 @@ def test_decode_forced_splits(splits):
     """The split-combine path (sink-aware merge) against the same oracle, incl. empty splits."""
     _decode_case(num_req=2, rows=3, heads=32, swa_only=False, lens_kind="mixed",
                  big_slots=False, sink_kind="finite", cap=0, splits=splits)
+
+
+@pytest.mark.parametrize("splits", [8, 9, 16, 17, 40, 64])
+def test_decode_forced_splits_long_lists(splits):
+    """Every merge block shape: the combine runs 1, 2 or 4 split groups (up to 8 splits per
+    thread in one round of loads) and a second round past 32 splits. Full lists of 2048
+    top-k + 128 window entries = 68 tiles: 40 or 64 splits of 2 tiles put keys into splits
+    32 and 33 (the second round) and leave the last ones empty."""
+    _decode_case(num_req=2, rows=2, heads=16, swa_only=False, lens_kind="full",
+                 big_slots=False, sink_kind="finite", cap=0, splits=splits, topk=2048)
 
 
 # Scale bytes of the in-block dequantisation routes (csrc/attention/detail/fp8_record.cuh):
