@@ -8,9 +8,10 @@
 #   - bench/bench_attention.py --quick at the SM86 cap (99 KB), grid for 84 SMs -> attention_sm86
 # Back under $OUT: docs/benchmarks.md of the bundle (sections rewritten by the runs), the
 # results JSON, and final-logs.tgz (every log).
-#   bash scripts/device/final.sh [all|cache|attention]   (cache: tests of the cache/index
+#   bash scripts/device/final.sh [all|cache|attention|tests]   (cache: tests of the cache/index
 #       kernels and bench_cache only, after a change to them; attention: every GPU test and
-#       the two attention benchmarks, no bench_cache, after a change to the attention kernels)
+#       the two attention benchmarks, no bench_cache, after a change to the attention kernels;
+#       tests: every GPU test, no benchmark)
 set -uo pipefail
 MODE=${1:-all}
 source "$(dirname "$0")/bundle_env.sh" final
@@ -20,6 +21,7 @@ TESTS=(tests/gpu)
 $PY -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
+[ "$MODE" = tests ] && { echo "final.sh tests rc=$rc"; exit $rc; }
 t0=$SECONDS
 if [ "$MODE" != attention ]; then
   DEEPINFER_BENCH_COMMAND="bash scripts/device/final.sh $MODE : bench/bench_cache.py" \
