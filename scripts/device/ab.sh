@@ -69,10 +69,13 @@ if [ "${AB_TESTS:-1}" != 0 ]; then
     > "$OUT/tests-attention.log" 2>&1 || rc=1
   echo "attention tests (new): $(tail -1 "$OUT/tests-attention.log") ($((SECONDS - t0)) s)"
 fi
-cases="--prefill-only --prefill-heads=${PREFILL_HEADS-64}"  # PREFILL_HEADS="": no prefill case
-case "${AB_CASES:-prefill}" in *decode*) cases="--prefill-heads=${PREFILL_HEADS-64}" ;; esac
-case "${AB_CASES:-prefill}" in *b1*) cases="${cases/--prefill-only/} --b1" ;; esac
-[ -n "${AB_SPLIT_SWEEP:-}" ] && cases="${cases/--prefill-only/} --split-sweep $AB_SPLIT_SWEEP"
+# explore_attention.py flags; PREFILL_HEADS="": no prefill case; any decode case drops --prefill-only
+only="--prefill-only"
+case "${AB_CASES:-prefill}" in *decode*|*b1*) only="" ;; esac
+[ -n "${AB_SPLIT_SWEEP:-}" ] && only=""
+cases="$only --prefill-heads=${PREFILL_HEADS-64}"
+case "${AB_CASES:-prefill}" in *b1*) cases="$cases --b1" ;; esac
+[ -n "${AB_SPLIT_SWEEP:-}" ] && cases="$cases --split-sweep $AB_SPLIT_SWEEP"
 for r in $(seq 1 "${AB_ROUNDS:-3}"); do
   for v in base new ${AB_ENVS:-}; do
     ab_variant "$v"
