@@ -25,6 +25,10 @@ namespace deepinfer_sm80::attention {
 // scores go to one buffer each and the block-wide softmax adds them.
 using CfgH64 = TileConfig<64, 32, 8, 4, 2, 2, 2>;
 using CfgH32 = TileConfig<32, 32, 8, 4, 2, 2, 4>;
+// 64-head decode whose score warps read the raw records (kRawMode): warp tiles of 16 keys x
+// 64 heads x 2 slices, so that every key value is converted by one warp only (32 x 32 tiles
+// would convert each twice, once per head half). Same shared-memory layout as CfgH64.
+using CfgH64Raw = TileConfig<64, 32, 8, 8, 2, 1, 2>;
 // The 64-head prefill (bf16 keys) runs two groups of this 32-head, 4-warp configuration
 // over shared key stages (kGroups = 2, sparse_mla_kernel.cuh): 157952 B of shared memory,
 // 244 registers; the score warp tile as in kH64 (32 x 32 x 2 slices, 2 warps per group).

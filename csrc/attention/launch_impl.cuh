@@ -10,10 +10,10 @@
 
 namespace deepinfer_sm80::attention {
 
-template <class Cfg, bool kFp8, int kGroups = 1>
+template <class Cfg, bool kFp8, int kGroups = 1, bool kRawScores = false>
 cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   constexpr int smem = Cfg::template Layout<kFp8, kGroups>::total;
-  auto kernel = sparse_mla_kernel<Cfg, kFp8, kGroups>;
+  auto kernel = sparse_mla_kernel<Cfg, kFp8, kGroups, kRawScores>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const long long groups = (p.num_heads + Cfg::HG * kGroups - 1) / (Cfg::HG * kGroups);

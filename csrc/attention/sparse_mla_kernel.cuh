@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 
 #include "detail/fp8_record.cuh"
+#include "detail/raw_scores.cuh"
+#include "detail/score_store.cuh"
 #include "detail/sm80_ptx.cuh"
 #include "params.h"
 #include "tile_config.h"
@@ -68,13 +70,17 @@ constexpr int kBarGroup = 1;  // + group: the group's own barrier (NTHREADS)
 constexpr int kBarFull = 3;   // + stage
 constexpr int kBarEmpty = 5;  // + stage
 
-template <class Cfg, bool kFp8, int kGroups = 1>
+// kRawScores (fp8 only): the score warps read the raw records (detail/raw_scores.cuh) and
+// store the bf16 values they build into the tile for the PV MMA, instead of the whole block
+// dequantising each tile before the score MMA.
+template <class Cfg, bool kFp8, int kGroups = 1, bool kRawScores = false>
 __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(const SparseMlaParams p) {
   using L = typename Cfg::template Layout<kFp8, kGroups>;
   constexpr int HG = Cfg::HG, BK = Cfg::BK, NT = Cfg::NTHREADS, STAGES = Cfg::STAGES;
   constexpr int HN = Cfg::HN, KM = Cfg::KM, NTW = Cfg::NTW, KMW = Cfg::KMW, DM = Cfg::DM,
                 TPH = Cfg::TPH;
   static_assert(kGroups == 1 || (kGroups == 2 && !kFp8), "two-group tile: bf16 keys only");
+  static_assert(!kRawScores || (kFp8 && kGroups == 1 && BK == 32), "raw scores: fp8 keys, one group, 32-key tiles");
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = ptx::smem_u32(smem);
@@ -126,7 +132,20 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   const int num_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
   // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
-  {
+  if constexpr (kRawScores) {
+    // In the score MMA's k order (detail/raw_scores.cuh): each 4-byte dim pair copied to its
+    // logical position, so that the Q^T fragments pair with the A fragments read from the
+    // records (cp.async, so that Q lands while the first tile's records are in flight).
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
+    for (int i = tid; i < HG * 256; i += NT) {
+      const int r = i >> 8, ph = i & 255, h = head0 + r;  // ph: physical dim pair of the row
+      const int blk = ph >> 5;
+      const int lp = raw::logical_pair(blk, ph & 31);
+      const bool ok = h < p.num_heads;
+      ptx::cp_async_4(q_base + swz(r, blk * 8 + (lp >> 2)) + (lp & 3) * 4,
+                      ok ? q + h * p.q_stride_head + ph * 2 : q, ok ? 4 : 0);
+    }
+  } else {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
     for (int i = tid; i < HG * 64; i += NT) {
       const int r = i >> 6, c = i & 63, h = head0 + r;
@@ -260,7 +279,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     const int st = j % STAGES;
     uint32_t kt = s_base + L::kv;
     const int lr = tid >> 3;  // the dequantisation: 8 threads per row (lq as the loader's)
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !kRawScores) {
       // raw records of stage st -> bf16 tile (exact), 8 threads per row
       const uint8_t* raw = smem + L::raw + st * Cfg::kRawBytes + lr * kDataBytes;
       const uint2 sc = *reinterpret_cast<const uint2*>(smem + L::raw_scale + st * Cfg::kRawScaleBytes +
@@ -268,7 +287,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
       fp8::dequant_row_share(raw, sc, lq, smem + L::kv + lr * 1024 + ((lq ^ (lr & 7)) << 4));
       __syncthreads();
       PHASE_MARK(1);
-    } else {
+    } else if constexpr (!kFp8) {
       kt += st * Cfg::kTileBytes;
     }
 
@@ -280,76 +299,56 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     // 4 MMAs per k-step the even and odd k-steps accumulate into separate registers.
     if (warp < Cfg::S_WARPS) {
       constexpr int CH = (KMW * NTW >= 4) ? 1 : 2;
-      constexpr int KS_PER = Cfg::KS_PER;
-      const int kgrp = warp / Cfg::S_TILES, wt = warp % Cfg::S_TILES;
-      const int km0 = (wt / (HN / NTW)) * KMW;
-      const int hn0 = (wt % (HN / NTW)) * NTW;
-      float sacc[CH][KMW][NTW][4];
+      if constexpr (kRawScores) {
+        // straight from the raw records; the tile for the PV MMA is written on the way
+        raw::score_tile<Cfg>(smem + L::raw + st * Cfg::kRawBytes, smem + L::raw_scale + st * Cfg::kRawScaleBytes,
+                             s_valid + st * BK, q_base, s_scores, smem + L::kv, warp, lane, p.scale_log2);
+      } else {
+        constexpr int KS_PER = Cfg::KS_PER;
+        const int kgrp = warp / Cfg::S_TILES, wt = warp % Cfg::S_TILES;
+        const int km0 = (wt / (HN / NTW)) * KMW;
+        const int hn0 = (wt % (HN / NTW)) * NTW;
+        float sacc[CH][KMW][NTW][4];
+        clear_score_tile<Cfg, CH>(sacc);
+        // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
+        // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
+        // per-thread base addresses plus a compile-time offset once the loop is unrolled
+        // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB). A slice starts at
+        // k-step kgrp * KS_PER (a multiple of 4): + kgrp * KS_PER * 32 bytes.
+        const int mi = lane >> 3, r7 = lane & 7;
+        const uint32_t kslice = kgrp * KS_PER * 32;
+        const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
+        const uint32_t b_row =
+            q_base + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
+        uint32_t a_addr[4], b_addr[4];
 #pragma unroll
-      for (int u = 0; u < CH; ++u)
-#pragma unroll
-        for (int a = 0; a < KMW; ++a)
-#pragma unroll
-          for (int n = 0; n < NTW; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) sacc[u][a][n][c] = 0.f;
-      // Every ldmatrix row r has (r & 7) == (lane & 7), so the swizzled byte offset of chunk
-      // c = 2*ks + lo is (ks >> 2) * 128 + (((ks & 3) * 2 + lo) ^ (lane & 7)) * 16: four
-      // per-thread base addresses plus a compile-time offset once the loop is unrolled
-      // (other m-tiles / n-tile pairs of the warp: + 16 rows = + 16 KB). A slice starts at
-      // k-step kgrp * KS_PER (a multiple of 4): + kgrp * KS_PER * 32 bytes.
-      const int mi = lane >> 3, r7 = lane & 7;
-      const uint32_t kslice = kgrp * KS_PER * 32;
-      const uint32_t a_row = kt + (km0 * 16 + (mi & 1) * 8 + r7) * 1024 + kslice;
-      const uint32_t b_row =
-          q_base + ((hn0 + (NTW >= 2 ? (mi >> 1) : 0)) * 8 + r7) * 1024 + kslice;
-      uint32_t a_addr[4], b_addr[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
-        b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
-      }
-#pragma unroll
-      for (int ks = 0; ks < KS_PER; ++ks) {
-        const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
-        const uint32_t koff = (ks >> 2) * 128;
-        uint32_t bf[NTW][2];
-        if constexpr (NTW == 1) {
-          ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
-        } else {
-#pragma unroll
-          for (int n = 0; n < NTW; n += 2)
-            ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
-                             bf[n + 1][1]);
+        for (int u = 0; u < 4; ++u) {
+          a_addr[u] = a_row + ((((2 * u) + (mi >> 1)) ^ r7) << 4);
+          b_addr[u] = b_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
         }
 #pragma unroll
-        for (int a = 0; a < KMW; ++a) {
-          uint32_t af[4];
-          ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
+        for (int ks = 0; ks < KS_PER; ++ks) {
+          const int u = ks & 3, c = CH == 2 ? (ks & 1) : 0;
+          const uint32_t koff = (ks >> 2) * 128;
+          uint32_t bf[NTW][2];
+          if constexpr (NTW == 1) {
+            ptx::ldmatrix_x2(b_addr[u] + koff, bf[0][0], bf[0][1]);
+          } else {
 #pragma unroll
-          for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
+            for (int n = 0; n < NTW; n += 2)
+              ptx::ldmatrix_x4(b_addr[u] + koff + n * 8 * 1024, bf[n][0], bf[n][1], bf[n + 1][0],
+                               bf[n + 1][1]);
+          }
+#pragma unroll
+          for (int a = 0; a < KMW; ++a) {
+            uint32_t af[4];
+            ptx::ldmatrix_x4(a_addr[u] + koff + a * 16 * 1024, af[0], af[1], af[2], af[3]);
+#pragma unroll
+            for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
+          }
         }
+        store_score_tile<Cfg, CH>(sacc, s_scores, kgrp, km0, hn0, lane, p.scale_log2);
       }
-      if constexpr (CH == 2) {
-#pragma unroll
-        for (int a = 0; a < KMW; ++a)
-#pragma unroll
-          for (int n = 0; n < NTW; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) sacc[0][a][n][c] += sacc[1][a][n][c];
-      }
-      float* sbuf = s_scores + kgrp * BK * Cfg::S_STRIDE;
-#pragma unroll
-      for (int a = 0; a < KMW; ++a)
-#pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-          const int col = (hn0 + n) * 8 + 2 * t;
-          const int row = (km0 + a) * 16 + g;
-          *reinterpret_cast<float2*>(sbuf + row * Cfg::S_STRIDE + col) =
-              make_float2(sacc[0][a][n][0] * p.scale_log2, sacc[0][a][n][1] * p.scale_log2);
-          *reinterpret_cast<float2*>(sbuf + (row + 8) * Cfg::S_STRIDE + col) =
-              make_float2(sacc[0][a][n][2] * p.scale_log2, sacc[0][a][n][3] * p.scale_log2);
-        }
     } else if constexpr (kGroups == 1) {
       // the loader warps: next tile's copies, then the indices of the one after
       if (j + 1 < num_tiles) issue_tile(j + 1);
@@ -374,11 +373,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
       for (int u = 0; u < 4; ++u) v_addr[u] = v_row + ((((2 * u) + (mi & 1)) ^ r7) << 4);
     }
     uint32_t vf0[DM][4];
+    auto load_vf0 = [&] {
 #pragma unroll
-    for (int dm = 0; dm < DM; ++dm)
-      ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2], vf0[dm][3]);
+      for (int dm = 0; dm < DM; ++dm)
+        ptx::ldmatrix_x4_trans(v_addr[dm & 3] + (dm >> 2) * 128, vf0[dm][0], vf0[dm][1], vf0[dm][2],
+                               vf0[dm][3]);
+    };
+    if constexpr (!kRawScores) load_vf0();  // raw scores: the tile is written during the score phase
     PHASE_MARK(2);
     group_sync();
+    if constexpr (kRawScores) load_vf0();
     PHASE_MARK(3);
 
     // ---- online softmax, one head per TPH threads; a key's score is the sum of the

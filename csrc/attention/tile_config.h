@@ -38,7 +38,7 @@ struct TileConfig {
   static_assert(KS_PER % 4 == 0, "score k-slices start on a 64-dim (swizzle period) boundary");
   static_assert(DW % 64 == 0, "PV MMA split (the swizzle arithmetic needs 64-dim slices)");
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && BK % TPH == 0, "softmax split");
-  static_assert(NTW <= 4 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
+  static_assert(NTW <= 8 && (NTW == 1 || NTW % 2 == 0), "B fragment loads");
 
   // Shared memory layout (bytes). Q and K/V rows are 1024 bytes with 16-byte chunks
   // XOR-swizzled by (row & 7) so that ldmatrix of 8 rows touches 8 different bank groups.

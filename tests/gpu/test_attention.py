@@ -339,3 +339,22 @@ def test_plan_narrows_head_groups_for_small_decode():
     assert b4["heads_per_block"] == 64  # 4 tokens x 20 splits = 80 >= 108 / 2
     assert ops.sparse_mla_plan(128, 64, 640, True, 108, CAPS["sm80"])["heads_per_block"] == 64
     assert ops.sparse_mla_plan(1, 64, 640, False, 108, CAPS["sm80"])["heads_per_block"] == 64
+
+
+@pytest.mark.skipif(bool(os.environ.get("DEEPINFER_ATTN_RAW_SCORES")),
+                    reason="already running under a forced DEEPINFER_ATTN_RAW_SCORES mask")
+@pytest.mark.parametrize("mask", ["0xF", "0"], ids=["raw-everywhere", "in-block-everywhere"])
+def test_decode_both_dequant_paths(mask):
+    """The decode has two ways of turning the fp8 tile into scores and the PV tile: the score
+    warps read the raw records (kRawScores) or the block dequantises first. The launcher picks
+    per configuration and block size, so the in-process tests cover only one path per shape;
+    this reruns every decode test in a fresh process with each path forced for every
+    configuration (the mask is read once per process)."""
+    import subprocess
+
+    env = dict(os.environ, DEEPINFER_ATTN_RAW_SCORES=mask)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "decode and not both_dequant_paths"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"decode tests with DEEPINFER_ATTN_RAW_SCORES={mask}:\n{r.stdout[-4000:]}"
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
