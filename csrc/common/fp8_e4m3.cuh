@@ -158,7 +158,10 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t four_bytes, flo
 // value * 2^(s-127) has at most 4 significant bits and, for s >= 10, is a normal bf16 (the
 // smallest, 2^-9 * 2^(s-127), is >= 2^-126), so the multiply is exact: the same bits as
 // "fp32 decode * 2^(s-127), RNE to bf16", zeros keeping their sign (x * 2^k for x = -0 is
-// -0). Half the instructions of the fp16/fp32 route above.
+// -0). Half the instructions of the fp16/fp32 route above. The bits are placed by one prmt
+// that sign-extends each code into its 16-bit half, one shift and one mask (since
+// 2026-11-30; two shifts and two masks before: same bits, the GPU test compares all code x
+// scale pairs; decode 2-3% faster on the H200, the gather unchanged).
 __device__ __forceinline__ bool e4m3_bf16mul_scale_ok(uint32_t s) { return s - 10u <= 124u; }
 
 __device__ __forceinline__ __nv_bfloat162 e4m3_bf16mul_multiplier(uint32_t s) {
@@ -169,10 +172,19 @@ __device__ __forceinline__ __nv_bfloat162 e4m3_bf16mul_multiplier(uint32_t s) {
   return m;
 }
 
-__device__ __forceinline__ __nv_bfloat162 e4m3x2_lowbytes_to_bf16x2_bf16mul(uint32_t h,
-                                                                          __nv_bfloat162 mult) {
-  // `h` holds one code in the low byte of each 16-bit half
-  const uint32_t bits = ((h << 8) & 0x80008000u) | ((h << 4) & 0x07F007F0u);
+// prmt.b32 with sign replication: a selector nibble with its top bit set yields 0xFF or 0x00,
+// the sign of the byte it selects (PTX ISA, prmt, default mode).
+__device__ __forceinline__ uint32_t prmt_sext(uint32_t a, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(selector));
+  return d;
+}
+
+__device__ __forceinline__ __nv_bfloat162 e4m3x2_sext_to_bf16x2_bf16mul(uint32_t h, __nv_bfloat162 mult) {
+  // `h` holds one code sign-extended to 16 bits in each half (s..s s eeee mmm); shifted left
+  // by 4, bit 15 is the sign and bits 10..4 the magnitude: s 0000 eeee mmm 0000 (the bits
+  // shifted from the low half into the high one fall outside the mask)
+  const uint32_t bits = (h << 4) & 0x87F087F0u;
   __nv_bfloat162 v;
   memcpy(&v, &bits, 4);
   return __hmul2(v, mult);
@@ -180,9 +192,9 @@ __device__ __forceinline__ __nv_bfloat162 e4m3x2_lowbytes_to_bf16x2_bf16mul(uint
 
 __device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul(uint32_t four_bytes, __nv_bfloat162 mult,
                                                          __nv_bfloat162& lo, __nv_bfloat162& hi) {
-  // prmt: halves {c0, c1} and {c2, c3} in their low bytes (selector nibble 4 = a zero byte)
-  lo = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4140u), mult);
-  hi = e4m3x2_lowbytes_to_bf16x2_bf16mul(__byte_perm(four_bytes, 0u, 0x4342u), mult);
+  // prmt: halves {c0, c1} and {c2, c3}, each code sign-extended (selector nibbles 8 + byte)
+  lo = e4m3x2_sext_to_bf16x2_bf16mul(prmt_sext(four_bytes, 0x9180u), mult);
+  hi = e4m3x2_sext_to_bf16x2_bf16mul(prmt_sext(four_bytes, 0xB3A2u), mult);
 }
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
