@@ -25,7 +25,7 @@ namespace deepinfer_sm80::attention {
 // scores go to one buffer each and the block-wide softmax adds them.
 using CfgH64 = TileConfig<64, 32, 8, 4, 2, 2, 2>;
 using CfgH32 = TileConfig<32, 32, 8, 4, 2, 2, 4>;
-// 64-head decode whose score warps read the raw records (kRawMode): warp tiles of 16 keys x
+// 64-head decode whose score warps read the raw records (kRawScores): warp tiles of 16 keys x
 // 64 heads x 2 slices, so that every key value is converted by one warp only (32 x 32 tiles
 // would convert each twice, once per head half). Same shared-memory layout as CfgH64.
 using CfgH64Raw = TileConfig<64, 32, 8, 8, 2, 1, 2>;

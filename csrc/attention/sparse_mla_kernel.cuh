@@ -5,7 +5,9 @@
 // memory in tiles of BK:
 //   bf16 source (prefill): cp.async of 1 KB rows straight into the swizzled tile;
 //   fp8 source (decode):   cp.async of the raw 584-byte records, then an exact in-block
-//                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile.
+//                          dequantisation (e4m3 * UE8M0 -> bf16) into the tile, or
+//                          (kRawScores) score warps that build their K fragments from the
+//                          raw records and store the bf16 tile on the way.
 // Keys are loaded one tile ahead, their indices one more tile ahead, by the warps that the
 // score MMA leaves idle (8 threads per key row), while the score warps compute.
 // Per tile:  S^T = K Q^T   (mma m16n8k16: keys on m16, heads on n8; KSPLIT warps per warp

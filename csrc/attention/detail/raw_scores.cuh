@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Decode score MMA straight from the raw fp8_ds_mla records in shared memory (kRawScores):
 // the A fragments (keys on m16) are built in registers from the e4m3 codes and their UE8M0
-// scale (exact: the same bf16 values as the in-block dequantisation), so the score warps need
-// not wait for the bf16 tile; the block's other warps write that tile for the PV MMA
-// meanwhile. Measured against the serial dequantisation in docs/attention.md.
+// scale (exact: the same bf16 values as the in-block dequantisation), so the score MMA need
+// not wait for a dequantised tile, and the score warps store the values they build into the
+// bf16 tile that the PV MMA reads. Measured against the serial dequantisation in
+// docs/attention.md ("Session of 2026-11-30 from 03:03 UTC").
 //
 // k order. An m16n8k16 A fragment holds, for lane (g = lane / 4, t = lane % 4), the k pairs
 // {2t, 2t+1} (a0 / a1) and {2t+8, 2t+9} (a2 / a3) of rows g and g+8. The MMA sums over k, so
@@ -56,14 +57,14 @@ __device__ __forceinline__ void cvt4(uint32_t w, uint32_t sb, __nv_bfloat162 mul
   }
 }
 
-// kStore: the warps of head n8-tile 0 also store the bf16 values they build into the swizzled
+// The warps of head n8-tile 0 also store the bf16 values they build into the swizzled
 // bf16 tile `kv` (1 KB rows, chunk c of row r at ((c ^ (r & 7)) << 4)), which then holds the
 // whole dequantised tile (the slices cover the dims, the key tiles the rows) for the PV MMA.
 __device__ __forceinline__ void store_chunk(uint8_t* kv, int row, int chunk, uint4 v) {
   *reinterpret_cast<uint4*>(kv + row * 1024 + ((chunk ^ (row & 7)) << 4)) = v;
 }
 
-template <class Cfg, bool kFast, bool kStore>
+template <class Cfg, bool kFast>
 __device__ __forceinline__ void score_tile_impl(const uint8_t* raw, const uint8_t* scl, uint32_t q_base,
                                                 float* s_scores, uint8_t* kv, int warp, int lane,
                                                 float scale_log2) {
@@ -74,7 +75,7 @@ __device__ __forceinline__ void score_tile_impl(const uint8_t* raw, const uint8_
   const int km0 = (wt / (HN / NTW)) * KMW;
   const int hn0 = (wt % (HN / NTW)) * NTW;
   const int g = lane >> 2, t = lane & 3;
-  const bool store = kStore && hn0 == 0;
+  const bool store = hn0 == 0;
   float sacc[CH][KMW][NTW][4];
   clear_score_tile<Cfg, CH>(sacc);
   // Q^T fragments as in the bf16 path (sparse_mla_kernel.cuh)
@@ -156,7 +157,7 @@ __device__ __forceinline__ void score_tile_impl(const uint8_t* raw, const uint8_
           sb[a][h2] = kv_record::group_scale_byte(sc[a][h2], b);
           mult[a][h2] = e4m3_bf16mul_multiplier(sb[a][h2]);
         }
-      uint32_t prev[KMW][4];  // kStore: the previous k-step's values (rows g, g+8: lo, hi)
+      uint32_t prev[KMW][4];  // the previous k-step's values (rows g, g+8: lo, hi)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int ks = bb * 4 + s, c = CH == 2 ? (ks & 1) : 0;
@@ -171,20 +172,18 @@ __device__ __forceinline__ void score_tile_impl(const uint8_t* raw, const uint8_
           cvt4<kFast>(w1, sb[a][1], mult[a][1], af[1], af[3]);
 #pragma unroll
           for (int n = 0; n < NTW; ++n) ptx::mma_bf16_16816(sacc[c][a][n], af, bf[n][0], bf[n][1]);
-          if constexpr (kStore) {
-            // k-steps 2u, 2u+1 hold dims 16t + 8u .. + 7 of the block: chunk 8b + 2t + u
-            if (s & 1) {
-              if (store) {
-                const int chunk = 8 * b + 2 * t + (s >> 1), row = (km0 + a) * 16 + g;
-                store_chunk(kv, row, chunk, make_uint4(prev[a][0], prev[a][1], af[0], af[2]));
-                store_chunk(kv, row + 8, chunk, make_uint4(prev[a][2], prev[a][3], af[1], af[3]));
-              }
-            } else {
-              prev[a][0] = af[0];
-              prev[a][1] = af[2];
-              prev[a][2] = af[1];
-              prev[a][3] = af[3];
+          // k-steps 2u, 2u+1 hold dims 16t + 8u .. + 7 of the block: chunk 8b + 2t + u
+          if (s & 1) {
+            if (store) {
+              const int chunk = 8 * b + 2 * t + (s >> 1), row = (km0 + a) * 16 + g;
+              store_chunk(kv, row, chunk, make_uint4(prev[a][0], prev[a][1], af[0], af[2]));
+              store_chunk(kv, row + 8, chunk, make_uint4(prev[a][2], prev[a][3], af[1], af[3]));
             }
+          } else {
+            prev[a][0] = af[0];
+            prev[a][1] = af[2];
+            prev[a][2] = af[1];
+            prev[a][3] = af[3];
           }
         }
       }
@@ -196,7 +195,7 @@ __device__ __forceinline__ void score_tile_impl(const uint8_t* raw, const uint8_
 // One score warp's share of a tile. The bf16-multiply route is taken when every valid row of
 // the tile has all seven scale bytes in 10..134 (every realistic cache); a warp-uniform
 // decision, so the other route's code never runs on the common path.
-template <class Cfg, bool kStore = true>
+template <class Cfg>
 __device__ __forceinline__ void score_tile(const uint8_t* raw, const uint8_t* scl, const int* valid,
                                            uint32_t q_base, float* s_scores, uint8_t* kv, int warp,
                                            int lane, float scale_log2) {
@@ -207,9 +206,9 @@ __device__ __forceinline__ void score_tile(const uint8_t* raw, const uint8_t* sc
     ok &= e4m3_bf16mul_scale_ok(kv_record::group_scale_byte(sw, gi));
   ok |= valid[lane] == 0;
   if (__all_sync(0xffffffffu, ok)) {
-    score_tile_impl<Cfg, true, kStore>(raw, scl, q_base, s_scores, kv, warp, lane, scale_log2);
+    score_tile_impl<Cfg, true>(raw, scl, q_base, s_scores, kv, warp, lane, scale_log2);
   } else {
-    score_tile_impl<Cfg, false, kStore>(raw, scl, q_base, s_scores, kv, warp, lane, scale_log2);
+    score_tile_impl<Cfg, false>(raw, scl, q_base, s_scores, kv, warp, lane, scale_log2);
   }
 }
 
