@@ -38,6 +38,18 @@ __host__ __device__ constexpr int logical_pair(int block, int phi) {
                    : 8 * (2 * (phi >> 4) + ((phi >> 1) & 1)) + ((phi >> 2) & 3) + 4 * (phi & 1);
 }
 
+// Both orders are permutations of the 32 pairs of a block (checked at compile time).
+constexpr bool logical_pair_is_permutation(int block) {
+  unsigned seen = 0;
+  for (int phi = 0; phi < 32; ++phi) {
+    const int l = logical_pair(block, phi);
+    if (l < 0 || l >= 32 || (seen >> l) & 1u) return false;
+    seen |= 1u << l;
+  }
+  return seen == 0xFFFFFFFFu;
+}
+static_assert(logical_pair_is_permutation(0) && logical_pair_is_permutation(7), "k order");
+
 // Four codes of one scale group -> two bf16x2 (codes 0,1 and 2,3). kFast: one bf16x2
 // multiply (scale bytes 10..134); otherwise the exact fp32 routes of dequant_row_share.
 template <bool kFast>
