@@ -92,6 +92,12 @@ def test_build_check_real_sources_no_spills():
         assert any(want in n for n in names), (want, names)
     assert not any(k.spills for k in kernels)
     assert {k.arch for k in kernels} == {"sm_80", "sm_86"}
+    # The 8-head attention tiles (bf16 prefill, fp8 decode in-block and raw-scores) run two
+    # blocks of 256 threads per A100 SM (docs/attention.md): at most 65,536 / 512 = 128
+    # registers per thread, or the second block silently stops fitting.
+    h8 = [k for k in kernels if "sparse_mla_kernel" in k.name and "TileConfig<8," in k.name]
+    assert len(h8) >= 3 * 2, [k.name for k in kernels if "sparse_mla" in k.name]
+    assert all(k.registers <= 128 for k in h8), [(k.name, k.arch, k.registers) for k in h8]
 
 
 @needs_nvcc
