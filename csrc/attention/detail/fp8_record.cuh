@@ -59,6 +59,17 @@ __device__ __forceinline__ void e4m3x4_times_factor_to_bf16x4(uint32_t w, float 
   hi = *reinterpret_cast<uint32_t*>(&b);
 }
 
+// Four codes of one scale group with any UE8M0 byte, exactly, through the fp32 routes: one
+// multiply for bytes <= 134, two above. Shared by the in-block dequantisation's per-chunk
+// path and the raw-record score path (raw_scores.cuh) for bytes outside 10..134.
+__device__ __forceinline__ void e4m3x4_exact_to_bf16x4(uint32_t w, uint32_t sb, uint32_t& lo, uint32_t& hi) {
+  if (sb <= kOneStepMaxScaleByte) {
+    e4m3x4_times_factor_to_bf16x4(w, one_step_factor(sb), lo, hi);
+  } else {
+    e4m3x4_scaled_to_bf16x4(w, ue8m0_scale(sb), lo, hi);
+  }
+}
+
 // One thread's share of dequantising a key row (8 threads per row, thread lq): output
 // chunks c = lq + 8i of the row, i < 7 the NoPE codes 8c..8c+7 of scale group i (as bf16),
 // i == 7 RoPE chunk lq (copied). raw: the row's 576 data bytes; sc: its 8 scale bytes; out:
@@ -92,15 +103,8 @@ __device__ __forceinline__ void dequant_row_share(const uint8_t* raw, uint2 sc, 
     const uint2 w = *reinterpret_cast<const uint2*>(raw + (lq + 8 * i) * 8);
     const uint32_t sb = kv_record::group_scale_byte(sc, i);
     uint4 v;
-    if (sb <= kOneStepMaxScaleByte) {
-      const float f = one_step_factor(sb);
-      e4m3x4_times_factor_to_bf16x4(w.x, f, v.x, v.y);
-      e4m3x4_times_factor_to_bf16x4(w.y, f, v.z, v.w);
-    } else {
-      const float scl = ue8m0_scale(sb);
-      e4m3x4_scaled_to_bf16x4(w.x, scl, v.x, v.y);
-      e4m3x4_scaled_to_bf16x4(w.y, scl, v.z, v.w);
-    }
+    e4m3x4_exact_to_bf16x4(w.x, sb, v.x, v.y);
+    e4m3x4_exact_to_bf16x4(w.y, sb, v.z, v.w);
     *reinterpret_cast<uint4*>(out + i * 128) = v;
   }
   *reinterpret_cast<uint4*>(out + kGroups * 128) =

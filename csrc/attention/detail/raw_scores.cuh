@@ -51,7 +51,7 @@ constexpr bool logical_pair_is_permutation(int block) {
 static_assert(logical_pair_is_permutation(0) && logical_pair_is_permutation(7), "k order");
 
 // Four codes of one scale group -> two bf16x2 (codes 0,1 and 2,3). kFast: one bf16x2
-// multiply (scale bytes 10..134); otherwise the exact fp32 routes of dequant_row_share.
+// multiply (scale bytes 10..134); otherwise the exact fp32 routes (fp8_record.cuh).
 template <bool kFast>
 __device__ __forceinline__ void cvt4(uint32_t w, uint32_t sb, __nv_bfloat162 mult, uint32_t& lo,
                                      uint32_t& hi) {
@@ -61,11 +61,7 @@ __device__ __forceinline__ void cvt4(uint32_t w, uint32_t sb, __nv_bfloat162 mul
     lo = bf16x2_bits(a);
     hi = bf16x2_bits(b);
   } else {
-    if (sb <= fp8::kOneStepMaxScaleByte) {
-      fp8::e4m3x4_times_factor_to_bf16x4(w, fp8::one_step_factor(sb), lo, hi);
-    } else {
-      fp8::e4m3x4_scaled_to_bf16x4(w, fp8::ue8m0_scale(sb), lo, hi);
-    }
+    fp8::e4m3x4_exact_to_bf16x4(w, sb, lo, hi);
   }
 }
 
