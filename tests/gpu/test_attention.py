@@ -258,6 +258,37 @@ def test_decode_dequant_routes(route, heads):
     _check(out, lse, r64, r32, l64, f"decode dequant route={route} h={heads} seed={seed}")
 
 
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_zero_scale_bytes(heads):
+    """UE8M0 byte 0 is scale 0.0 (upstream decodes a scale as `byte << 23` reinterpreted as
+    fp32, as our gather does): records whose 7 scale bytes are 0 and whose RoPE part is zero
+    are zero keys, so every score is 0 and the output is exactly 0 (a decode of byte 0 as
+    2^-127 would leave ~1e-36 there), with lse = ln(number of keys)."""
+    t, window = 2, 96
+    swa = _cache(2 * 4)
+    swa_idx = torch.stack([torch.randperm(4 * BLOCK, device=DEV)[:window] + r * 4 * BLOCK for r in range(t)]).int()
+    flat = torch.as_strided(swa, (swa.shape[0] * STRIDE,), (1,), 0)
+    slots = swa_idx.reshape(-1).long()
+    blk, off = slots // BLOCK, slots % BLOCK
+    data = blk * STRIDE + off * 576
+    codes = torch.randint(0, 256, (slots.numel(), 448), device=DEV, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (ours decode as 480 x scale, upstream's as NaN)
+    flat[data[:, None] + torch.arange(448, device=DEV)] = codes
+    flat[data[:, None] + 448 + torch.arange(128, device=DEV)] = 0
+    flat[(blk * STRIDE + BLOCK * 576 + off * 8)[:, None] + torch.arange(7, device=DEV)] = 0
+    q = torch.randn(t, 1, heads, 512, device=DEV).to(torch.bfloat16)
+    lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((t, heads, 1), math.nan, device=DEV)
+    ops.sparse_mla_decode(q, swa, swa_idx.view(t, 1, window), lens, None, None, None, None, SCALE, out, lse)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.zeros_like(out)), f"max |out| {out.float().abs().max().item():.3e}"
+    assert torch.allclose(lse, torch.full_like(lse, math.log(window)), rtol=1e-5, atol=0)
+    r64, _ = ref.sparse_mla_decode_ref(q, swa, swa_idx, lens, None, None, None, None, SCALE,
+                                       compute_dtype=torch.float64)
+    assert torch.equal(r64, torch.zeros_like(r64))
+
+
 def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
     seed = _seed()
     q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)

@@ -9,13 +9,13 @@
 
 #include "common/fp8_e4m3.cuh"
 #include "common/kv_record.cuh"
+#include "common/ue8m0.cuh"
 
 namespace deepinfer_sm80::attention::fp8 {
 
-// 2^(byte - 127) as fp32 (byte 0 -> 2^-127, a subnormal; 255 -> inf).
-__device__ __forceinline__ float ue8m0_scale(uint32_t byte) {
-  return byte ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
-}
+// 2^(byte - 127) as fp32, upstream's decode `(byte << 23)` reinterpreted: byte 0 -> 0.0 (as
+// the gather), 255 -> inf (common/ue8m0.cuh).
+__device__ __forceinline__ float ue8m0_scale(uint32_t byte) { return deepinfer_sm80::ue8m0_to_float(byte); }
 
 // Value of one e4m3 code as fp32, times 2^-120: the 7 magnitude bits placed in the fp32
 // exponent/mantissa fields (a subnormal code becomes an fp32 subnormal), sign on top.
@@ -60,10 +60,11 @@ __device__ __forceinline__ void e4m3x4_times_factor_to_bf16x4(uint32_t w, float 
 }
 
 // Four codes of one scale group with any UE8M0 byte, exactly, through the fp32 routes: one
-// multiply for bytes <= 134, two above. Shared by the in-block dequantisation's per-chunk
-// path and the raw-record score path (raw_scores.cuh) for bytes outside 10..134.
+// multiply for bytes 1..134, two for byte 0 (scale 0.0: zeros) and above 134. Shared by the
+// in-block dequantisation's per-chunk path and the raw-record score path (raw_scores.cuh)
+// for bytes outside 10..134.
 __device__ __forceinline__ void e4m3x4_exact_to_bf16x4(uint32_t w, uint32_t sb, uint32_t& lo, uint32_t& hi) {
-  if (sb <= kOneStepMaxScaleByte) {
+  if (sb - 1u < kOneStepMaxScaleByte) {
     e4m3x4_times_factor_to_bf16x4(w, one_step_factor(sb), lo, hi);
   } else {
     e4m3x4_scaled_to_bf16x4(w, ue8m0_scale(sb), lo, hi);
