@@ -222,6 +222,25 @@ _ROUTE_SCALES = {
 }
 
 
+def _window_records(t, window, rope_fn, scale_bytes):
+    """A window cache whose t rows of `window` random slots hold records with random non-NaN
+    e4m3 codes (ours decode NaN codes as 480 x scale, upstream's as NaN), RoPE values
+    rope_fn(n) (bf16 [n, 64]) and the 7 UE8M0 bytes scale_bytes. Returns (cache, indices)."""
+    swa = _cache(2 * 4)
+    swa_idx = torch.stack([torch.randperm(4 * BLOCK, device=DEV)[:window] + r * 4 * BLOCK for r in range(t)]).int()
+    flat = torch.as_strided(swa, (swa.shape[0] * STRIDE,), (1,), 0)
+    slots = swa_idx.reshape(-1).long()
+    blk, off = slots // BLOCK, slots % BLOCK
+    data = blk * STRIDE + off * 576
+    codes = torch.randint(0, 256, (slots.numel(), 448), device=DEV, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] -= 1
+    flat[data[:, None] + torch.arange(448, device=DEV)] = codes
+    flat[data[:, None] + 448 + torch.arange(128, device=DEV)] = rope_fn(slots.numel()).view(torch.uint8)
+    scl = blk * STRIDE + BLOCK * 576 + off * 8
+    flat[scl[:, None] + torch.arange(7, device=DEV)] = torch.tensor(scale_bytes, dtype=torch.uint8, device=DEV)
+    return swa, swa_idx
+
+
 @pytest.mark.parametrize("route", list(_ROUTE_SCALES))
 @pytest.mark.parametrize("heads", [8, 64])
 def test_decode_dequant_routes(route, heads):
@@ -231,20 +250,8 @@ def test_decode_dequant_routes(route, heads):
     seed = _seed()
     sbs = _ROUTE_SCALES[route]
     t, window = 2, 128
-    swa = _cache(2 * 4)
-    swa_idx = torch.stack([torch.randperm(4 * BLOCK, device=DEV)[:window] + r * 4 * BLOCK for r in range(t)]).int()
-    flat = torch.as_strided(swa, (swa.shape[0] * STRIDE,), (1,), 0)
-    slots = swa_idx.reshape(-1).long()
-    blk, off = slots // BLOCK, slots % BLOCK
-    data = blk * STRIDE + off * 576
-    codes = torch.randint(0, 256, (slots.numel(), 448), device=DEV, dtype=torch.uint8)
-    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes
-    flat[data[:, None] + torch.arange(448, device=DEV)] = codes
     mag = 2.0 ** (sum(sbs) / len(sbs) - 127)
-    rope = (torch.randn(slots.numel(), 64, device=DEV) * mag).to(torch.bfloat16)
-    flat[data[:, None] + 448 + torch.arange(128, device=DEV)] = rope.view(torch.uint8)
-    scl = blk * STRIDE + BLOCK * 576 + off * 8
-    flat[scl[:, None] + torch.arange(7, device=DEV)] = torch.tensor(sbs, dtype=torch.uint8, device=DEV)
+    swa, swa_idx = _window_records(t, window, lambda n: (torch.randn(n, 64, device=DEV) * mag).to(torch.bfloat16), sbs)
     q = (torch.randn(t, 1, heads, 512, device=DEV) / (64 * mag)).to(torch.bfloat16)  # scores O(1)
     sink = torch.randn(heads, device=DEV)
     lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
@@ -265,17 +272,7 @@ def test_decode_zero_scale_bytes(heads):
     are zero keys, so every score is 0 and the output is exactly 0 (a decode of byte 0 as
     2^-127 would leave ~1e-36 there), with lse = ln(number of keys)."""
     t, window = 2, 96
-    swa = _cache(2 * 4)
-    swa_idx = torch.stack([torch.randperm(4 * BLOCK, device=DEV)[:window] + r * 4 * BLOCK for r in range(t)]).int()
-    flat = torch.as_strided(swa, (swa.shape[0] * STRIDE,), (1,), 0)
-    slots = swa_idx.reshape(-1).long()
-    blk, off = slots // BLOCK, slots % BLOCK
-    data = blk * STRIDE + off * 576
-    codes = torch.randint(0, 256, (slots.numel(), 448), device=DEV, dtype=torch.uint8)
-    codes[(codes & 0x7F) == 0x7F] -= 1  # no NaN codes (ours decode as 480 x scale, upstream's as NaN)
-    flat[data[:, None] + torch.arange(448, device=DEV)] = codes
-    flat[data[:, None] + 448 + torch.arange(128, device=DEV)] = 0
-    flat[(blk * STRIDE + BLOCK * 576 + off * 8)[:, None] + torch.arange(7, device=DEV)] = 0
+    swa, swa_idx = _window_records(t, window, lambda n: torch.zeros(n, 64, device=DEV, dtype=torch.bfloat16), [0] * 7)
     q = torch.randn(t, 1, heads, 512, device=DEV).to(torch.bfloat16)
     lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
     out = torch.full_like(q, math.nan)
