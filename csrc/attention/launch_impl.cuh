@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launch helper shared by the decode (fp8) and prefill (bf16) instantiation files.
+// Launch helper shared by the decode (fp8) and prefill (bf16) instantiation files; each
+// of them maps a TileConfigId to its configurations itself.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,17 +23,6 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS * kGroups, smem, stream>>>(p);
   return cudaGetLastError();
-}
-
-template <bool kFp8>
-cudaError_t launch_dispatch(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
-  switch (id) {
-    case TileConfigId::kH64: return launch_cfg<CfgH64, kFp8>(p, stream);
-    case TileConfigId::kH32: return launch_cfg<CfgH32, kFp8>(p, stream);
-    case TileConfigId::kH16: return launch_cfg<CfgH16, kFp8>(p, stream);
-    case TileConfigId::kH8: return launch_cfg<CfgH8, kFp8>(p, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace deepinfer_sm80::attention

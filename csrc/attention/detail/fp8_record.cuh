@@ -13,10 +13,6 @@
 
 namespace deepinfer_sm80::attention::fp8 {
 
-// 2^(byte - 127) as fp32, upstream's decode `(byte << 23)` reinterpreted: byte 0 -> 0.0 (as
-// the gather), 255 -> inf (common/ue8m0.cuh).
-__device__ __forceinline__ float ue8m0_scale(uint32_t byte) { return deepinfer_sm80::ue8m0_to_float(byte); }
-
 // Value of one e4m3 code as fp32, times 2^-120: the 7 magnitude bits placed in the fp32
 // exponent/mantissa fields (a subnormal code becomes an fp32 subnormal), sign on top.
 __device__ __forceinline__ float e4m3_bits_times_2m120(uint32_t code) {
@@ -67,7 +63,7 @@ __device__ __forceinline__ void e4m3x4_exact_to_bf16x4(uint32_t w, uint32_t sb, 
   if (sb - 1u < kOneStepMaxScaleByte) {
     e4m3x4_times_factor_to_bf16x4(w, one_step_factor(sb), lo, hi);
   } else {
-    e4m3x4_scaled_to_bf16x4(w, ue8m0_scale(sb), lo, hi);
+    e4m3x4_scaled_to_bf16x4(w, deepinfer_sm80::ue8m0_to_float(sb), lo, hi);  // byte 0: 0.0, as upstream
   }
 }
 

@@ -17,10 +17,15 @@ static bool prefill_two_groups() {
 }
 
 cudaError_t launch_prefill(const SparseMlaParams& p, TileConfigId id, cudaStream_t stream) {
-  if (id == TileConfigId::kH64 && prefill_two_groups()) {
-    return launch_cfg<CfgH64x2, false, kH64PrefillGroups>(p, stream);
+  switch (id) {
+    case TileConfigId::kH64:
+      if (prefill_two_groups()) return launch_cfg<CfgH64x2, false, kH64PrefillGroups>(p, stream);
+      return launch_cfg<CfgH64, false>(p, stream);
+    case TileConfigId::kH32: return launch_cfg<CfgH32, false>(p, stream);
+    case TileConfigId::kH16: return launch_cfg<CfgH16, false>(p, stream);
+    case TileConfigId::kH8: return launch_cfg<CfgH8, false>(p, stream);
   }
-  return launch_dispatch<false>(p, id, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace deepinfer_sm80::attention
