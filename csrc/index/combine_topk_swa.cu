@@ -24,7 +24,10 @@
 namespace deepinfer_sm80 {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+// Two warps (two rows) per block: measured on the H200 against 1, 4, 8, 12, 16 and 32
+// (docs/kernels-cache-index.md): T=1536 L2-warm 2.98-2.99 us against 3.04-3.06 with 4 warps in
+// the same rounds, 3.18-3.20 with 1; larger blocks were slower still.
+constexpr int kWarpsPerBlock = 2;
 constexpr int kThreads = kWarpsPerBlock * 32;
 constexpr int kHeld = 8;  // int4 column chunks per lane held in registers (1024 columns)
 
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
-  const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, 16);
+  const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, 64 / kWarpsPerBlock);
   if (p.vec4) {
     combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
