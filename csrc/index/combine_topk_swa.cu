@@ -24,10 +24,12 @@
 namespace deepinfer_sm80 {
 namespace {
 
-// Two warps (two rows) per block: measured on the H200 against 1, 4, 8, 12, 16 and 32
+// Two warps (two rows) per block, measured on the H200 against 1, 4, 8, 12, 16 and 32
 // (docs/kernels-cache-index.md): T=1536 L2-warm 2.98-2.99 us against 3.04-3.06 with 4 warps in
-// the same rounds, 3.18-3.20 with 1; larger blocks were slower still.
+// one same-run A/B, 3.18-3.20 with 1, larger blocks slower still; between two record runs the
+// 2- and 4-warp kernels read 3.03 / 3.02 us, so the gain is at most those 2%.
 constexpr int kWarpsPerBlock = 2;
+constexpr int kGridWarpsPerSm = 64;  // grid cap: resident warps per SM the grid asks for
 constexpr int kThreads = kWarpsPerBlock * 32;
 constexpr int kHeld = 8;  // int4 column chunks per lane held in registers (1024 columns)
 
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
-  const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, 64 / kWarpsPerBlock);
+  const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, kGridWarpsPerSm / kWarpsPerBlock);
   if (p.vec4) {
     combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
