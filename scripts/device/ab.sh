@@ -5,7 +5,8 @@
 # There:  bash scripts/device/ab.sh
 # Builds the extension twice in one call (this tree's csrc, then the base's csrc into a second
 # .so, selected by $DEEPINFER_SM80_EXT), runs the attention GPU tests on this tree's build
-# (AB_TESTS=0 skips them), then AB_ROUNDS (default 3) interleaved rounds of
+# (AB_TESTS=0 skips them; AB_TEST_K: a pytest -k filter; AB_TEST_TIMEOUT seconds, default 200;
+# AB_STOP_ON_FAIL=1: stop there if they fail), then AB_ROUNDS (default 3) interleaved rounds of
 # bench/explore_attention.py --prefill-only for: base, new, and each AB_ENVS entry
 # (NAME=ENV=VAL,ENV=VAL, run on the new build). Interleaving spreads run-to-run drift over
 # every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too; "b1"
@@ -65,9 +66,14 @@ if [ "${AB_BENCH:-attention}" = cache ]; then
 fi
 if [ "${AB_TESTS:-1}" != 0 ]; then
   t0=$SECONDS
-  timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
-    > "$OUT/tests-attention.log" 2>&1 || rc=1
+  timeout "${AB_TEST_TIMEOUT:-200}" $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py \
+    ${AB_TEST_K:+-k "$AB_TEST_K"} > "$OUT/tests-attention.log" 2>&1 || rc=1
   echo "attention tests (new): $(tail -1 "$OUT/tests-attention.log") ($((SECONDS - t0)) s)"
+  # AB_STOP_ON_FAIL=1: no benchmark of a build that failed its tests (a hung kernel would
+  # spend the rest of the call in the benchmark's timeouts)
+  if [ "$rc" != 0 ] && [ -n "${AB_STOP_ON_FAIL:-}" ]; then
+    grep -E "FAILED|Error|error" "$OUT/tests-attention.log" | head -20; echo "ab.sh rc=$rc"; exit $rc
+  fi
 fi
 # explore_attention.py flags; PREFILL_HEADS="": no prefill case; any decode case drops --prefill-only
 only="--prefill-only"
