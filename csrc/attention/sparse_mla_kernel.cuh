@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   __nv_bfloat16* s_probs = reinterpret_cast<__nv_bfloat16*>(smem + L::probs + gofs);
   int* s_valid = reinterpret_cast<int*>(smem + L::valid);
   float* s_alpha = reinterpret_cast<float*>(smem + L::alpha + gofs);
-  float* s_m = reinterpret_cast<float*>(smem + L::stat_m + gofs);
   float* s_l = reinterpret_cast<float*>(smem + L::stat_l + gofs);
   const uint32_t q_base = s_base + L::q + grp * HG * Cfg::kRowBytes;
   auto group_sync = [&] {
@@ -494,10 +493,15 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 #endif
 
   // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
-  // or the split partials) from registers; s_m / s_l serve the normalisation of O.
+  // or the split partials) from registers, and the head's normaliser 1 / (l + 2^(sink*log2e
+  // - m)) to s_l, once per head: computed per output element, the sink loads sat between the
+  // staging stores, which the compiler may not move them past (one global round trip each:
+  // ~9,500 of ~92,000 cycles of a 64-head prefill block, phase clocks 2026-11-30 07:12 UTC).
   if (sm_part == 0) {
-    s_m[sm_head] = m_run;
-    s_l[sm_head] = l_run;
+    const int h = head0 + sm_head;
+    float den = l_run;
+    if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m_run);
+    s_l[sm_head] = l_run > 0.f ? 1.f / den : 0.f;
   }
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
   __syncthreads();
@@ -507,15 +511,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     uint8_t* stage = smem + L::q + grp * HG * Cfg::kRowBytes;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn) {
-      float inv[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int hl = hn * 8 + 2 * t + e, h = head0 + hl;
-        const float l = s_l[hl], m = s_m[hl];
-        float den = l;
-        if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m);
-        inv[e] = l > 0.f ? 1.f / den : 0.f;
-      }
+      const float inv[2] = {s_l[hn * 8 + 2 * t], s_l[hn * 8 + 2 * t + 1]};
 #pragma unroll
       for (int dm = 0; dm < DM; ++dm) {
         const int d = d_base + dm * 16 + g;

@@ -5,18 +5,22 @@
 //   score warps 0..3: warp w owns heads (w & 1) * 32 .. +31 over head dims (w >> 1) * 256
 //     .. +255, with those Q values in registers as m16n8k16 B fragments (128 registers);
 //     per tile: S^T = K Q^T in two passes of 16 keys (ldmatrix of K only), stored (times
-//     scale * log2 e) into score buffer j % 2, one slice per dim half.
-//   PV warps 4..11: copy the key tiles (two tiles ahead, 8 threads per 1 KB row), run the
-//     online softmax over the two slices (4 threads per head), write P (bf16), rescale O^T
-//     and O^T += V^T P^T (warp p: head dims 64p .. 64p+63, all 64 heads).
+//     scale * log2 e; -inf for invalid keys) into score buffer j % 2, one slice per dim
+//     half. They also copy the key tiles, two ahead (4 threads per 1 KB row), after their
+//     score MMA, in time they would otherwise wait for the PV warps.
+//   PV warps 4..11: the online softmax over the two slices (4 threads per head), P (bf16),
+//     the rescale of O^T and O^T += V^T P^T (warp p: head dims 64p .. 64p+63, all 64 heads).
 //
 // The score warps work one tile ahead of the PV warps (three key stages, two score buffers,
 // two P buffers), so the score MMA of tile j+1 runs next to the PV MMA of tile j. Named
 // barriers, producer arrive / consumer sync:
-//   kWsFull + s      key stage s landed       PV warps arrive, score warps sync   (384)
-//   kWsScFull + b    scores b written         score warps arrive, PV warps sync   (384)
-//   kWsScEmpty + b   scores b consumed        PV warps arrive, score warps sync   (384)
-//   kWsPv            the PV warps among themselves (P / alpha written; stage reuse)  (256)
+//   kBarScFull + b    scores b written (and their key tile visible)
+//                                       score warps arrive, PV warps sync          (384)
+//   kBarScEmpty + b   scores b consumed PV warps arrive, score warps sync          (384)
+//   kBarKvEmpty + s   stage s free      PV warps arrive after their PV MMA, score warps
+//                                       sync before copying the next tile into it  (384)
+//   kBarPv            the PV warps among themselves (P / alpha written)            (256)
+//   kBarScore         the score warps among themselves (a tile's copies landed)    (128)
 #pragma once
 
 #include <cstdint>
@@ -58,10 +62,11 @@ namespace deepinfer_sm80::attention {
 #endif
 
 namespace ws {
-constexpr int kBarFull = 1;     // + stage (3)
+constexpr int kBarKvEmpty = 1;  // + stage (3)
 constexpr int kBarScFull = 4;   // + score buffer (2)
 constexpr int kBarScEmpty = 6;  // + score buffer (2)
 constexpr int kBarPv = 8;
+constexpr int kBarScore = 9;
 
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * 1024 + ((chunk ^ (row & 7)) << 4));
@@ -130,6 +135,50 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
 
   if (warp < C::S_WARPS) {
     // ======================= score warps =======================
+    const int stid = threadIdx.x;  // 0..127
+    // loader: 4 threads per key row, 16 of its 64 chunks each (chunks lq + 4i)
+    const int lr = stid >> 2, lq = stid & 3;
+    int nidx = -1;  // index of this thread's row of the next tile to issue
+    auto fetch_row = [&](int j) {
+      const int k = j * BK + lr;
+      int idx = -1;
+      if (k < n_keys) {
+        const bool second = k >= len0;
+        const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
+        const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
+        idx = ind[tok * istride + (second ? k - len0 : k)];
+      }
+      nidx = idx;
+    };
+    auto issue_tile = [&](int j) {
+      const int st = j % STAGES;
+      const bool second = j * BK + lr >= len0;
+      const uint8_t* base = second ? p.src[1].base : p.src[0].base;
+      const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
+      const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
+      const bool ok = nidx >= 0 && nidx < rows;
+      const uint8_t* row = base + static_cast<int64_t>(ok ? nidx : 0) * rstride + lq * 16;
+      const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies
+      // chunk c = lq + 4i lands at (c ^ (lr & 7)) = 8 (i >> 1) + ((lq + 4 (i & 1)) ^ (lr & 7))
+      const uint32_t dst = s_base + L::kv + st * C::kTileBytes + lr * 1024;
+      const uint32_t d0 = dst + ((lq ^ (lr & 7)) << 4), d1 = dst + (((lq + 4) ^ (lr & 7)) << 4);
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        ptx::cp_async_16(((i & 1) ? d1 : d0) + (i >> 1) * 128, ok ? row + i * 64 : zero_src, ok ? 16 : 0);
+      if (lq == 0) s_valid[st * BK + lr] = ok;
+    };
+    if (num_tiles > 0) {
+      fetch_row(0);
+      issue_tile(0);
+    }
+    ptx::cp_async_commit();
+    if (num_tiles > 1) {
+      fetch_row(1);
+      issue_tile(1);
+    }
+    ptx::cp_async_commit();
+    if (num_tiles > 2) fetch_row(2);
+
     const int hh = warp & 1, ksl = warp >> 1;
     // Q^T as B fragments: qf[ks][n] = {Q[h][d0 + 2t, +1], Q[h][d0 + 8 + 2t, +1]} with
     // h = head0 + hh*32 + n*8 + g and d0 = ksl*256 + ks*16 (zero past the head count)
@@ -158,12 +207,20 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
     WS_MARK(7);
     for (int j = 0; j < num_tiles; ++j) {
       const int st = j % STAGES, sb = j & 1;
-      ptx::bar_sync(ws::kBarFull + st, NALL);
+      // tile j landed: this thread's copies, then every score thread's (the PV warps see the
+      // tile through kBarScFull below)
+      if (j + 1 < num_tiles) {
+        ptx::cp_async_wait<1>();
+      } else {
+        ptx::cp_async_wait<0>();
+      }
+      ptx::bar_sync(ws::kBarScore, C::S_WARPS * 32);
       WS_MARK(0);
       if (j >= 2) ptx::bar_sync(ws::kBarScEmpty + sb, NALL);
       WS_MARK(1);
       const uint32_t kt = s_base + L::kv + st * C::kTileBytes;
       float* sbuf = s_scores + (sb * C::KSPLIT + ksl) * BK * C::S_STRIDE;
+      const int* valid = s_valid + st * BK;
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
         float acc[WS_CH][4][4];  // WS_CH == 2: even / odd k-steps, 8 independent accumulators
@@ -181,18 +238,35 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
 #pragma unroll
           for (int n = 0; n < 4; ++n) ptx::mma_bf16_16816(acc[(ks & 1) % WS_CH][n], af, qf[ks][n][0], qf[ks][n][1]);
         }
+        // scores times scale * log2 e; an invalid key's are -inf in the first slice (the
+        // softmax adds the slices)
+        const int row = pass * 16 + g;
+        const float sc0 = (ksl == 0 && !valid[row]) ? -INFINITY : sl;
+        const float sc1 = (ksl == 0 && !valid[row + 8]) ? -INFINITY : sl;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
           const int col = hh * 32 + n * 8 + 2 * t;
-          const int row = pass * 16 + g;
+          float v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = acc[0][n][e] + (WS_CH > 1 ? acc[WS_CH - 1][n][e] : 0.f);
+          // -inf * 0 would be NaN: an invalid key is a zero-filled row, so its sums are 0
           *reinterpret_cast<float2*>(sbuf + row * C::S_STRIDE + col) =
-              make_float2((acc[0][n][0] + acc[WS_CH - 1][n][0] * (WS_CH - 1)) * sl, (acc[0][n][1] + acc[WS_CH - 1][n][1] * (WS_CH - 1)) * sl);
+              sc0 == -INFINITY ? make_float2(-INFINITY, -INFINITY) : make_float2(v[0] * sc0, v[1] * sc0);
           *reinterpret_cast<float2*>(sbuf + (row + 8) * C::S_STRIDE + col) =
-              make_float2((acc[0][n][2] + acc[WS_CH - 1][n][2] * (WS_CH - 1)) * sl, (acc[0][n][3] + acc[WS_CH - 1][n][3] * (WS_CH - 1)) * sl);
+              sc1 == -INFINITY ? make_float2(-INFINITY, -INFINITY) : make_float2(v[2] * sc1, v[3] * sc1);
         }
       }
       ptx::bar_arrive(ws::kBarScFull + sb, NALL);
       WS_MARK(2);
+      // stage (j+2)%3 held tile j-1: wait for the PV warps to leave it, then copy tile j+2
+      if (j + 2 < num_tiles) {
+        if (j >= 1) ptx::bar_sync(ws::kBarKvEmpty + (j + 2) % STAGES, NALL);
+        WS_MARK(3);
+        issue_tile(j + 2);
+        if (j + 3 < num_tiles) fetch_row(j + 3);
+      }
+      ptx::cp_async_commit();
+      WS_MARK(4);
     }
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
     ph_print(clock64());
@@ -203,50 +277,6 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
   // ======================= PV warps =======================
   const int pw = warp - C::S_WARPS;  // 0..7: head dims 64pw .. 64pw+63
   const int ptid = threadIdx.x - C::S_WARPS * 32;
-
-  // loader: 8 threads per key row, one row per thread per tile
-  const int lr = ptid >> 3, lq = ptid & 7;
-  int nidx = -1;  // index of this thread's row of the next tile to issue
-  auto fetch_row = [&](int j) {
-    const int k = j * BK + lr;
-    int idx = -1;
-    if (k < n_keys) {
-      const bool second = k >= len0;
-      const int32_t* ind = second ? p.src[1].indices : p.src[0].indices;
-      const int64_t istride = second ? p.src[1].indices_stride : p.src[0].indices_stride;
-      idx = ind[tok * istride + (second ? k - len0 : k)];
-    }
-    nidx = idx;
-  };
-  auto issue_tile = [&](int j) {
-    const int st = j % STAGES;
-    const bool second = j * BK + lr >= len0;
-    const uint8_t* base = second ? p.src[1].base : p.src[0].base;
-    const int64_t rows = second ? p.src[1].num_rows : p.src[0].num_rows;
-    const int64_t rstride = second ? p.src[1].row_stride : p.src[0].row_stride;
-    const bool ok = nidx >= 0 && nidx < rows;
-    const uint8_t* row = base + static_cast<int64_t>(ok ? nidx : 0) * rstride;
-    const uint8_t* zero_src = p.src[0].base;  // never read: zero-fill copies
-    const uint32_t dst = s_base + L::kv + st * C::kTileBytes + lr * 1024 + ((lq ^ (lr & 7)) << 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      ptx::cp_async_16(dst + i * 128, ok ? row + lq * 16 + i * 128 : zero_src, ok ? 16 : 0);
-    if (lq == 0) s_valid[st * BK + lr] = ok;
-  };
-
-  if (num_tiles > 0) {
-    fetch_row(0);
-    issue_tile(0);
-  }
-  ptx::cp_async_commit();
-  if (num_tiles > 1) {
-    fetch_row(1);
-    issue_tile(1);
-  }
-  ptx::cp_async_commit();
-  if (num_tiles > 2) fetch_row(2);
-  ptx::cp_async_wait<1>();
-  if (num_tiles > 0) ptx::bar_arrive(ws::kBarFull + 0, NALL);
 
   float acc[4][8][4];
 #pragma unroll
@@ -267,26 +297,20 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
   WS_MARK(7);
   for (int j = 0; j < num_tiles; ++j) {
     const int st = j % STAGES, sb = j & 1;
-    if (j + 1 < num_tiles) {  // tile j+1 (issued in iteration j-1 or the prologue) landed
-      ptx::cp_async_wait<0>();
-      ptx::bar_arrive(ws::kBarFull + (j + 1) % STAGES, NALL);
-    }
     WS_MARK(0);
     ptx::bar_sync(ws::kBarScFull + sb, NALL);
     WS_MARK(1);
     // ---- online softmax: 4 threads per head, 8 keys each; a key's score is the sum of the
-    // two slices
+    // two slices (-inf for invalid keys)
     {
       const float* sc = s_scores + sb * C::KSPLIT * BK * C::S_STRIDE;
-      const int* valid = s_valid + st * BK;
       constexpr int RPT = BK / C::TPH;
       float sv[RPT];
       float mx = -INFINITY;
 #pragma unroll
       for (int q = 0; q < RPT; ++q) {
         const int r = sm_part + q * C::TPH;
-        const float v = sc[r * C::S_STRIDE + sm_head] + sc[(BK + r) * C::S_STRIDE + sm_head];
-        sv[q] = valid[r] ? v : -INFINITY;
+        sv[q] = sc[r * C::S_STRIDE + sm_head] + sc[(BK + r) * C::S_STRIDE + sm_head];
         mx = fmaxf(mx, sv[q]);
       }
       if (j + 2 < num_tiles) ptx::bar_arrive(ws::kBarScEmpty + sb, NALL);
@@ -319,28 +343,20 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
     WS_MARK(2);
     ptx::bar_sync(ws::kBarPv, NPV);
     WS_MARK(3);
-    // stage (j+2)%3 held tile j-1: the score warps are past it (its scores were consumed),
-    // and every PV warp has left its PV MMA (the barrier above)
-    if (j + 2 < num_tiles) {
-      issue_tile(j + 2);
-      if (j + 3 < num_tiles) fetch_row(j + 3);
-    }
-    ptx::cp_async_commit();
-    WS_MARK(4);
     // ---- rescale (per group of 8 heads, skipped when no running max moved) and
     // O^T += V^T P^T
     {
       const float* al = s_alpha + sb * HG;
 #pragma unroll
       for (int hn = 0; hn < 8; ++hn) {
-        const float al0 = al[hn * 8 + 2 * t], al1 = al[hn * 8 + 2 * t + 1];
-        if (__any_sync(0xffffffffu, (al0 != 1.f) | (al1 != 1.f))) {
+        const float2 a2 = *reinterpret_cast<const float2*>(al + hn * 8 + 2 * t);
+        if (__any_sync(0xffffffffu, (a2.x != 1.f) | (a2.y != 1.f))) {
 #pragma unroll
           for (int dm = 0; dm < 4; ++dm) {
-            acc[dm][hn][0] *= al0;
-            acc[dm][hn][1] *= al1;
-            acc[dm][hn][2] *= al0;
-            acc[dm][hn][3] *= al1;
+            acc[dm][hn][0] *= a2.x;
+            acc[dm][hn][1] *= a2.y;
+            acc[dm][hn][2] *= a2.x;
+            acc[dm][hn][3] *= a2.y;
           }
         }
       }
@@ -371,34 +387,30 @@ __global__ void __launch_bounds__(WsPrefillCfg::NTHREADS, 1) sparse_mla_ws_prefi
         }
       }
     }
+    // this warp is done with stage st: the score warps may refill it with tile j+3
+    if (j + 3 < num_tiles) ptx::bar_arrive(ws::kBarKvEmpty + st, NALL);
     WS_MARK(6);
   }
-  ptx::cp_async_wait<0>();
 #ifdef DEEPINFER_ATTN_PHASE_CLOCKS
   const long long ph_epi0 = clock64();
 #endif
 
   // ---- epilogue (PV warps only): out = O / (l + 2^(sink*log2e - m)), staged as bf16 rows
-  // [head][dim] in the key stages (free: every copy has landed and the score warps are done)
-  float* s_m = reinterpret_cast<float*>(smem + L::stat_m);
+  // [head][dim] in the key stages (free: every copy has landed and the score warps are done).
+  // The normaliser once per head, by the head's first softmax thread (s_l holds it).
   float* s_l = reinterpret_cast<float*>(smem + L::stat_l);
   if (sm_part == 0) {
-    s_m[sm_head] = m_run;
-    s_l[sm_head] = l_run;
+    const int h = head0 + sm_head;
+    float den = l_run;
+    if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m_run);
+    s_l[sm_head] = l_run > 0.f ? 1.f / den : 0.f;
   }
   ptx::bar_sync(ws::kBarPv, NPV);
   uint8_t* stage = smem + L::kv;
 #pragma unroll
   for (int hn = 0; hn < 8; ++hn) {
-    float inv[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int hl = hn * 8 + 2 * t + e, h = head0 + hl;
-      const float l = s_l[hl], m = s_m[hl];
-      float den = l;
-      if (p.sink != nullptr && h < p.num_heads) den += exp2f(p.sink[h] * kLog2e - m);
-      inv[e] = l > 0.f ? 1.f / den : 0.f;
-    }
+    const float2 inv2 = *reinterpret_cast<const float2*>(s_l + hn * 8 + 2 * t);
+    const float inv[2] = {inv2.x, inv2.y};
 #pragma unroll
     for (int dm = 0; dm < 4; ++dm) {
       const int d = pw * 64 + dm * 16 + g;
