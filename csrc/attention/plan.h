@@ -13,7 +13,6 @@
 #include "config_sm80.h"
 #include "config_sm86.h"
 #include "params.h"
-#include "ws_config.h"
 
 namespace deepinfer_sm80::attention::plan {
 
@@ -25,14 +24,11 @@ constexpr LaunchInfo info_of() {
                     Cfg::template Layout<kFp8, kGroups>::total};
 }
 
-// decode = fp8 loader, prefill = bf16 loader (64 heads: the warp-specialised tile, WsPrefillCfg;
-// its A/B alternative, two groups of CfgH64x2, needs more shared memory: 157952 B)
+// decode = fp8 loader, prefill = bf16 loader (64 heads: two groups of CfgH64x2)
 inline LaunchInfo info(TileConfigId id, bool fp8) {
   switch (id) {
     case TileConfigId::kH64:
-      return fp8 ? info_of<CfgH64, true>()
-                 : LaunchInfo{WsPrefillCfg::HG, WsPrefillCfg::BK, WsPrefillCfg::NTHREADS,
-                              WsPrefillCfg::Layout::total};
+      return fp8 ? info_of<CfgH64, true>() : info_of<CfgH64x2, false, kH64PrefillGroups>();
     case TileConfigId::kH32: return fp8 ? info_of<CfgH32, true>() : info_of<CfgH32, false>();
     case TileConfigId::kH16: return fp8 ? info_of<CfgH16, true>() : info_of<CfgH16, false>();
     case TileConfigId::kH8: break;
