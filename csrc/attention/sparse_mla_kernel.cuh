@@ -253,14 +253,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
-  // The head's sink (log2 units; -inf: none, or a split launch, whose combine adds it), read
-  // now so that the epilogue's normaliser waits for no global load.
-  float* s_sink = reinterpret_cast<float*>(smem + L::stat_m + gofs);
-  if (sm_part == 0) {
-    const int h = head0 + sm_head;
-    s_sink[sm_head] =
-        (p.num_splits == 1 && p.sink != nullptr && h < p.num_heads) ? p.sink[h] * kLog2e : -INFINITY;
-  }
+  // The head's sink (-inf: none, or a split launch, whose combine adds it), loaded now and
+  // used in the epilogue, so that the normaliser waits for no global load there.
+  float sink_raw = -INFINITY;
+  if (sm_part == 0 && p.num_splits == 1 && p.sink != nullptr && head0 + sm_head < p.num_heads)
+    sink_raw = p.sink[head0 + sm_head];
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
   const int g = lane >> 2, t = lane & 3;
 
@@ -502,13 +499,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 
   // ---- epilogue. The softmax lane 0 of each head writes its statistics (lse, max_logits
   // or the split partials) from registers, and (one split) the head's normaliser
-  // 1 / (l + 2^(sink*log2e - m)) to s_l, once per head and with the sink read in the
+  // 1 / (l + 2^(sink*log2e - m)) to s_l, once per head and with the sink loaded in the
   // prologue. It used to be computed per output element, its sink loads between the staging
   // stores, which the compiler may not move them past (a global round trip each: the 64-head
   // decode at batch 128 spent ~11,000 of ~107,000 cycles per block in the epilogue, ~5,500
   // after this change; phase clocks 2026-11-30 07:12 / 07:23 UTC).
   if (sm_part == 0 && p.num_splits == 1)
-    s_l[sm_head] = l_run > 0.f ? 1.f / (l_run + exp2f(s_sink[sm_head] - m_run)) : 0.f;
+    s_l[sm_head] = l_run > 0.f ? 1.f / (l_run + exp2f(sink_raw * kLog2e - m_run)) : 0.f;
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
   __syncthreads();
   const int d_base = warp * Cfg::DW;
