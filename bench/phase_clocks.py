@@ -65,12 +65,8 @@ def summarise(text: str) -> None:
         pro = sum(r["pro"] for r in rs) / len(rs)
         ns = sum(r.get("ns", 0) for r in rs) / len(rs)
         epi = sum(r.get("epi", 0) for r in rs) / len(rs)
-        # the epilogue's parts (newer builds): the group barrier's wait, the staging, the
-        # second barrier; the rest of epi is the output stores and the statistics
-        eparts = {k: sum(r.get(k, 0) for r in rs) / len(rs) for k in ("esync", "estage", "ebar")}
         print(f"{case:28s} group {grp} warp {warp}: {len(rs)} blocks, {tiles / len(rs):.1f} tiles, block "
-              f"{tot:.0f} cyc = {ns:.0f} ns ({tot / max(ns, 1):.3f} GHz; prologue {pro:.0f}, epilogue {epi:.0f} ["
-              + " ".join(f"{k} {v:.0f}" for k, v in eparts.items()) + "]); per tile: "
+              f"{tot:.0f} cyc = {ns:.0f} ns ({tot / max(ns, 1):.3f} GHz; prologue {pro:.0f}, epilogue {epi:.0f}); per tile: "
               + " ".join(f"{k} {v:.0f}" for k, v in per.items())
               + f" | sum {sum(per.values()):.0f}")
 

@@ -507,56 +507,33 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   if (sm_part == 0 && p.num_splits == 1)
     s_l[sm_head] = l_run > 0.f ? 1.f / (l_run + exp2f(sink_raw * kLog2e - m_run)) : 0.f;
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
-  // Each group stages into its own Q area with its own normalisers, so it synchronises only
-  // itself: the first group's epilogue overlaps the second group's last tile.
-  group_sync();
-#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
-  const long long ph_epi1 = clock64();
-  long long ph_epi2 = 0, ph_epi3 = 0;
-#endif
+  __syncthreads();
   const int d_base = warp * Cfg::DW;
   if (p.num_splits == 1) {
-    // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores. An
-    // accumulator pair (dim d; heads 2t, 2t+1) packed as bf16x2 is a row of an 8 x 8 (dims x
-    // heads) fragment; movmatrix.trans turns it into (head g; dims 2t, 2t+1) of the warp,
-    // one 4-byte store per pair instead of two 2-byte ones.
+    // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores
     uint8_t* stage = smem + L::q + grp * HG * Cfg::kRowBytes;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn) {
       const float inv[2] = {s_l[hn * 8 + 2 * t], s_l[hn * 8 + 2 * t + 1]};
-      const int hl = hn * 8 + g;
 #pragma unroll
       for (int dm = 0; dm < DM; ++dm) {
+        const int d = d_base + dm * 16 + g;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t pr = ptx::movmatrix_trans(
-              ptx::pack_bf16x2(acc[dm][hn][2 * half] * inv[0], acc[dm][hn][2 * half + 1] * inv[1]));
-          const int dd = d_base + dm * 16 + half * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(stage + swz(hl, dd >> 3) + (dd & 7) * 2) = pr;
+        for (int e = 0; e < 4; ++e) {
+          const int hl = hn * 8 + 2 * t + (e & 1);
+          const int dd = d + (e >> 1) * 8;
+          const __nv_bfloat16 v = __float2bfloat16_rn(acc[dm][hn][e] * inv[e & 1]);
+          *reinterpret_cast<__nv_bfloat16*>(stage + swz(hl, dd >> 3) + (dd & 7) * 2) = v;
         }
       }
     }
-#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
-    ph_epi2 = clock64();
-#endif
-    group_sync();
-#ifdef DEEPINFER_ATTN_PHASE_CLOCKS
-    ph_epi3 = clock64();
-#endif
+    __syncthreads();
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + tok * p.out_stride_tok;
-    constexpr int kChunks = HG * 64 / NT;  // 16-byte chunks per thread
-    static_assert(HG * 64 % NT == 0, "output chunks per thread");
-    uint4 v[kChunks];
-#pragma unroll
-    for (int u = 0; u < kChunks; ++u) {
-      const int i = tid + u * NT;
-      v[u] = *reinterpret_cast<const uint4*>(stage + swz(i >> 6, i & 63));
-    }
-#pragma unroll
-    for (int u = 0; u < kChunks; ++u) {
-      const int i = tid + u * NT;
+    for (int i = tid; i < HG * 64; i += NT) {
       const int r = i >> 6, c = i & 63, h = head0 + r;
-      if (h < p.num_heads) *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) = v[u];
+      if (h < p.num_heads)
+        *reinterpret_cast<uint4*>(out + h * p.out_stride_head + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + swz(r, c));
     }
     if (stat_lane) {
       const int h = head0 + sm_head;
@@ -591,12 +568,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     unsigned long long ph_ns1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ph_ns1));
     printf("PHASE HG=%d fp8=%d blk=%d grp=%d warp=%d tiles=%d total=%lld ns=%lld pro=%lld wait=%lld "
-           "deq=%lld score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld esync=%lld estage=%lld "
-           "ebar=%lld\n",
+           "deq=%lld score=%lld bar1=%lld softmax=%lld bar2=%lld pv=%lld epi=%lld\n",
            HG, kFp8 ? 1 : 0, blockIdx.x, grp, warp, num_tiles, now - ph_start,
            static_cast<long long>(ph_ns1 - ph_ns0), ph_cyc[7], ph_cyc[0], ph_cyc[1], ph_cyc[2],
-           ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], now - ph_epi0, ph_epi1 - ph_epi0,
-           ph_epi2 ? ph_epi2 - ph_epi1 : 0, ph_epi3 ? ph_epi3 - ph_epi2 : 0);
+           ph_cyc[3], ph_cyc[4], ph_cyc[5], ph_cyc[6], now - ph_epi0);
   }
 #endif
 }

@@ -81,14 +81,6 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// Transpose of an 8 x 8 b16 matrix held one row pair per thread (row lane / 4, columns
-// 2 (lane % 4), +1): afterwards each thread holds the same pair of the transposed matrix.
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
-  uint32_t d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
-  return d;
-}
-
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
