@@ -31,7 +31,7 @@ using CfgH32 = TileConfig<32, 32, 8, 4, 2, 2, 4>;
 using CfgH64Raw = TileConfig<64, 32, 8, 8, 2, 1, 2>;
 // The 64-head prefill (bf16 keys) runs two groups of this 32-head, 4-warp configuration
 // over shared key stages (kGroups = 2, sparse_mla_kernel.cuh): 157952 B of shared memory,
-// 244 registers; the score warp tile as in kH64 (32 x 32 x 2 slices, 2 warps per group).
+// 246 registers; the score warp tile as in kH64 (32 x 32 x 2 slices, 2 warps per group).
 using CfgH64x2 = TileConfig<32, 32, 4, 4, 2, 2, 2>;
 constexpr int kH64PrefillGroups = 2;
 

@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   // prologue. It used to be computed per output element, its sink loads between the staging
   // stores, which the compiler may not move them past (a global round trip each: the 64-head
   // decode at batch 128 spent ~11,000 of ~107,000 cycles per block in the epilogue, ~5,500
-  // after this change; phase clocks 2026-11-30 07:12 / 07:23 UTC).
+  // after this change; phase clocks 2026-11-30 07:06 / 07:10 UTC).
   if (sm_part == 0 && p.num_splits == 1)
     s_l[sm_head] = l_run > 0.f ? 1.f / (l_run + exp2f(sink_raw * kLog2e - m_run)) : 0.f;
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
