@@ -61,6 +61,8 @@ struct TileConfig {
     static constexpr int probs = scores + KSPLIT * BK * S_STRIDE * 4;
     static constexpr int valid = probs + HG * P_STRIDE * 2;
     static constexpr int alpha = valid + STAGES * BK * 4;
+    // stat_m: unused since the epilogue's normaliser moved into registers (2026-11-30); kept
+    // so that the measured layouts (and the 8-head tiles' two blocks per A100 SM) stay as recorded
     static constexpr int stat_m = alpha + HG * 4;
     static constexpr int stat_l = stat_m + HG * 4;
     static constexpr int group_stride = stat_l + HG * 4 - scores;
