@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .fp8 import e4m3_values
+from .fp8 import e4m3_values, ue8m0_to_float
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -89,9 +89,9 @@ def read_fp8_ds_mla_rows(
     scale = base + block_size * DATA_BYTES + pos * SCALE_BYTES
     nope_codes = flat[data[:, None] + torch.arange(NOPE_DIM, device=s.device)]
     nope = decode_e4m3(nope_codes, torch.float64)
-    sc = flat[scale[:, None] + torch.arange(NUM_SCALES, device=s.device)].to(torch.float64)
-    # 2^(byte - 127), byte 0 -> 0.0 (upstream's `byte << 23` decode)
-    mult = torch.where(sc == 0, torch.zeros_like(sc), torch.exp2(sc - 127.0))
+    sc = flat[scale[:, None] + torch.arange(NUM_SCALES, device=s.device)]
+    # 2^(byte - 127), byte 0 -> 0.0 (upstream's `byte << 23` decode), as the gather's oracle
+    mult = ue8m0_to_float(sc).to(torch.float64)
     nope = nope * mult.repeat_interleave(QUANT_GROUP, dim=1)
     rope_bytes = flat[data[:, None] + NOPE_DIM + torch.arange(2 * ROPE_DIM, device=s.device)]
     rope = rope_bytes.contiguous().view(torch.bfloat16).to(torch.float64)
