@@ -132,7 +132,7 @@ def main() -> None:
                                                      out=s["out"], smem_cap=args.smem_cap)
                 for s in sets]
         call[0]()
-        sub = slice(0, 256)
+        sub = ba.prefill_check_tokens(t_tok)
         r32, _, _ = ref.sparse_mla_prefill_ref(s0["q"][sub], s0["kv"], s0["idx"][sub], s0["lens"][sub],
                                                s0["sink"], ba.SCALE, torch.float32)
         err = ((s0["out"][sub].double() - r32.double()).norm() / r32.double().norm()).item()

@@ -81,6 +81,30 @@ int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const Launch
   return plan::decode_splits(tokens, groups, capacity, li, sms, smem_cap);
 }
 
+// Prefill: the L2 prefetch distance (SparseMlaParams::prefetch_ahead), the blocks resident
+// on this device at once; $DEEPINFER_ATTN_PREFETCH=0 (measurement knob) turns it off.
+int prefill_prefetch_ahead(const LaunchInfo& li, int smem_cap) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_PREFETCH");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  if (!enabled) return 0;
+  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap));
+}
+
+// Prefill tail (plan::prefill_tail); $DEEPINFER_ATTN_PREFILL_TAIL=0 (measurement knob) runs
+// every token as one block per head group instead.
+plan::PrefillTail choose_prefill_tail(int64_t tokens, int64_t heads, int64_t capacity,
+                                      const LaunchInfo& li, int sms, int smem_cap) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("DEEPINFER_ATTN_PREFILL_TAIL");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  if (!enabled) return {0, 1};
+  const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
+  return plan::prefill_tail(tokens, groups, capacity, li, sms, smem_cap);
+}
+
 void check_16b(const Tensor& t, const char* name) {
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
               " must start on a 16-byte boundary (pass a contiguous tensor)");
@@ -231,7 +255,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
 void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices,
                         const c10::optional<Tensor>& topk_length, const c10::optional<Tensor>& attn_sink,
                         double scale, Tensor& out, const c10::optional<Tensor>& max_logits,
-                        const c10::optional<Tensor>& lse, int64_t smem_cap) {
+                        const c10::optional<Tensor>& lse, int64_t smem_cap, int64_t num_sms) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16, "q must be a CUDA bfloat16 tensor");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == kHeadDim, "q must be [tokens, heads, 512], got ", q.sizes());
   TORCH_CHECK(kv.is_cuda() && kv.scalar_type() == at::kBFloat16, "kv must be a CUDA bfloat16 tensor");
@@ -257,20 +281,62 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   p.lse = check_stat(lse, T, H, "lse", p.lse_stride_tok, p.lse_stride_head);
   p.max_logits = check_stat(max_logits, T, H, "max_logits", p.ml_stride_tok, p.ml_stride_head);
   if (T == 0 || H == 0) return;
-  const TileConfigId id = choose_config(H, false, device_smem_cap(smem_cap));
-  C10_CUDA_CHECK(launch_prefill(p, id, c10::cuda::getCurrentCUDAStream()));
+  const int cap = device_smem_cap(smem_cap);
+  const TileConfigId id = choose_config(H, false, cap);
+  const LaunchInfo li = plan::info(id, false);
+  const plan::PrefillTail tail = choose_prefill_tail(T, H, s.topk, li, device_sms(num_sms), cap);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  p.prefetch_ahead = prefill_prefetch_ahead(li, cap);
+  if (tail.tokens == 0) {
+    C10_CUDA_CHECK(launch_prefill(p, id, stream));
+    return;
+  }
+  // Tokens [0, T - tail) one block per token and head group; the tail's key lists split
+  // over tail.splits blocks each, merged by the combine (plan::prefill_tail).
+  const int64_t main_tokens = T - tail.tokens;
+  if (main_tokens > 0) {
+    SparseMlaParams pm = p;
+    pm.num_tokens = static_cast<int>(main_tokens);
+    C10_CUDA_CHECK(launch_prefill(pm, id, stream));
+  }
+  SparseMlaParams pt = p;
+  pt.prefetch_ahead = 0;  // split blocks: the mapping differs, and nothing follows them
+  pt.num_tokens = static_cast<int>(tail.tokens);
+  pt.q = static_cast<const at::BFloat16*>(p.q) + main_tokens * p.q_stride_tok;
+  pt.out = static_cast<at::BFloat16*>(p.out) + main_tokens * p.out_stride_tok;
+  pt.src[0].indices = s.indices + main_tokens * s.indices_stride;
+  if (s.lens != nullptr) pt.src[0].lens = s.lens + main_tokens;
+  if (p.lse != nullptr) pt.lse = p.lse + main_tokens * p.lse_stride_tok;
+  if (p.max_logits != nullptr) pt.max_logits = p.max_logits + main_tokens * p.ml_stride_tok;
+  const int64_t tiles = (s.topk + li.keys_per_tile - 1) / li.keys_per_tile;
+  pt.num_splits = tail.splits;
+  pt.keys_per_split = static_cast<int>((tiles + tail.splits - 1) / tail.splits * li.keys_per_tile);
+  Tensor part_o = at::empty({tail.tokens, tail.splits, H, kHeadDim}, q.options().dtype(at::kFloat));
+  Tensor part_ml = at::empty({tail.tokens, tail.splits, 3, H}, q.options().dtype(at::kFloat));
+  pt.part_o = part_o.data_ptr<float>();
+  pt.part_ml = part_ml.data_ptr<float>();
+  C10_CUDA_CHECK(launch_prefill(pt, id, stream));
+  C10_CUDA_CHECK(launch_sparse_mla_combine(pt, stream));
 }
 
-// [heads_per_block, keys_per_tile, threads, smem_bytes, splits] that a call would use.
+// [heads_per_block, keys_per_tile, threads, smem_bytes, splits, split_tokens] that a call
+// would use: decode splits every token (split_tokens = num_tokens when splits > 1), prefill
+// only the tokens of its last partial wave (split_tokens of them, splits each).
 std::vector<int64_t> sparse_mla_plan(int64_t num_tokens, int64_t num_heads, int64_t capacity, bool fp8,
                                      int64_t num_sms, int64_t smem_cap) {
   const int cap = device_smem_cap(smem_cap);
-  const TileConfigId id = fp8 ? choose_decode_config(num_tokens, num_heads, capacity, device_sms(num_sms), cap)
+  const int sms = device_sms(num_sms);
+  const TileConfigId id = fp8 ? choose_decode_config(num_tokens, num_heads, capacity, sms, cap)
                               : choose_config(num_heads, fp8, cap);
   const LaunchInfo li = info_of(id, fp8);
   const int64_t groups = (num_heads + li.heads_per_block - 1) / li.heads_per_block;
-  const int splits = fp8 ? choose_splits(num_tokens, groups, capacity, li, device_sms(num_sms), cap) : 1;
-  return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, splits};
+  if (!fp8) {
+    const plan::PrefillTail tail = choose_prefill_tail(num_tokens, num_heads, capacity, li, sms, cap);
+    return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, tail.splits, tail.tokens};
+  }
+  const int splits = choose_splits(num_tokens, groups, capacity, li, sms, cap);
+  return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, splits,
+          splits > 1 ? num_tokens : 0};
 }
 
 }  // namespace
@@ -285,7 +351,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, "
       "Tensor? attn_sink, float scale, Tensor(a!) out, Tensor(b!)? max_logits, Tensor(c!)? lse, "
-      "int smem_cap=0) -> ()");
+      "int smem_cap=0, int num_sms=0) -> ()");
   m.def(
       "sparse_mla_plan(int num_tokens, int num_heads, int capacity, bool fp8, int num_sms=0, "
       "int smem_cap=0) -> int[]",

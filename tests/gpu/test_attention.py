@@ -286,7 +286,7 @@ def test_decode_zero_scale_bytes(heads):
     assert torch.equal(r64, torch.zeros_like(r64))
 
 
-def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
+def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sms=0):
     seed = _seed()
     q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)
     kv = torch.randn(s_kv, 1, 512, device=DEV).to(torch.bfloat16)
@@ -297,6 +297,8 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
         lens[1] = 1
     if t > 2:
         lens[2] = topk
+    if t > 5:  # the same at the end, where the last partial wave's tokens run split
+        lens[-1], lens[-2], lens[-3] = 0, 1, topk
     idx[:, :, 3] = -1          # invalid: negative
     idx[:, :, 7] = s_kv + 5    # invalid: past the workspace
     idx[torch.arange(topk, device=DEV)[None, None, :] >= lens[:, None, None]] = -1
@@ -304,11 +306,11 @@ def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640):
             "neg_inf": torch.full((heads,), -math.inf, device=DEV), "none": None}[sink_kind]
     out = torch.full_like(q, math.nan)
     out, mx, lse = ops.flash_mla_sparse_fwd(q, kv, idx, SCALE, attn_sink=sink, topk_length=lens,
-                                            out=out, smem_cap=cap)
+                                            out=out, smem_cap=cap, num_sms=num_sms)
     torch.cuda.synchronize()
     r64, m64, l64 = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float64)
     r32, _, _ = ref.sparse_mla_prefill_ref(q, kv, idx, lens, sink, SCALE, torch.float32)
-    tag = f"prefill seed={seed} t={t} h={heads} cap={cap} sink={sink_kind}"
+    tag = f"prefill seed={seed} t={t} h={heads} cap={cap} sink={sink_kind} sms={num_sms}"
     _check(out, lse, r64, r32, l64, tag)
     fin = torch.isfinite(m64)
     assert torch.equal(torch.isneginf(mx), ~fin), tag
@@ -339,6 +341,42 @@ def test_prefill_short_lists(heads):
 @pytest.mark.parametrize("sink_kind", ["neg_inf", "none"])
 def test_prefill_sink_kinds(sink_kind):
     _prefill_case(t=17, heads=64, cap=0, sink_kind=sink_kind)
+
+
+def _tail_split_sms(t, heads, cap, topk):
+    """An SM count for which the prefill of t tokens splits the key lists of its last
+    partial wave's tokens (and runs the others as whole blocks)."""
+    for sms in range(4, 64):
+        pl = ops.sparse_mla_plan(t, heads, topk, False, sms, cap)
+        if pl["splits"] > 1 and 0 < pl["split_tokens"] < t:
+            return sms, pl
+    raise AssertionError(f"no SM count in 4..63 splits the tail of t={t} h={heads} cap={cap}")
+
+
+@pytest.mark.skipif(os.environ.get("DEEPINFER_ATTN_PREFILL_TAIL") == "0",
+                    reason="tail splits switched off by DEEPINFER_ATTN_PREFILL_TAIL=0")
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [8, 64, 128])
+def test_prefill_tail_splits(cap, heads):
+    """The tokens of a prefill's last partial wave run as split blocks merged by the combine
+    (plan::prefill_tail): an SM count is forced so that both launches run, the tail's lists
+    include lengths 0, 1 and the full top-k."""
+    sms, pl = _tail_split_sms(45, heads, cap, 640)
+    _prefill_case(t=45, heads=heads, cap=cap, num_sms=sms)
+    if heads == 64 and cap == CAPS["sm80"]:
+        _prefill_case(t=45, heads=heads, cap=cap, num_sms=sms, sink_kind="neg_inf")
+        _prefill_case(t=45, heads=heads, cap=cap, num_sms=sms, sink_kind="none")
+
+
+def test_plan_prefill_tail():
+    """The H200 benchmark shape: 4,096 tokens of 64 heads on 132 SMs split the last 4 tokens
+    20 ways; on 108 SMs (37.9 waves) nothing is split."""
+    if os.environ.get("DEEPINFER_ATTN_PREFILL_TAIL") == "0":
+        pytest.skip("tail splits switched off by DEEPINFER_ATTN_PREFILL_TAIL=0")
+    p132 = ops.sparse_mla_plan(4096, 64, 640, False, 132, CAPS["sm80"])
+    assert (p132["split_tokens"], p132["splits"]) == (4, 20)
+    p108 = ops.sparse_mla_plan(4096, 64, 640, False, 108, CAPS["sm80"])
+    assert (p108["split_tokens"], p108["splits"]) == (0, 1)
 
 
 def test_prefill_upstream_shapes():

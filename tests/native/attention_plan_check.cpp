@@ -82,6 +82,34 @@ int main() {
   const int s32 = plan::decode_splits(32, 1, 640, h64, 108, sm80);
   CHECK(s32 >= 2 && s32 <= 4);  // 32 tokens on 108 SMs: a few splits, one wave
   CHECK(plan::decode_splits(1, 1, 100000, h8, 108, sm80) <= plan::kMaxSplits);
+  // prefill tail: the tokens of the last partial wave run split (4,096 tokens of 64 heads on
+  // 132 SMs: 31 full waves + 4 tokens, those as 20 one-tile splits)
+  const LaunchInfo p64 = plan::info(TileConfigId::kH64, false);
+  const LaunchInfo p8 = plan::info(TileConfigId::kH8, false);
+  CHECK(plan::resident_blocks(p64, sm80) == 1 && plan::resident_blocks(p8, sm80) == 2);
+  plan::PrefillTail pt = plan::prefill_tail(4096, 1, 640, p64, 132, sm80);
+  CHECK(pt.tokens == 4 && pt.splits == 20);
+  pt = plan::prefill_tail(4092, 1, 640, p64, 132, sm80);  // whole waves: nothing to split
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  // 108 SMs: 37 waves + 100 tokens; two splits each would need two more waves
+  pt = plan::prefill_tail(4096, 1, 640, p64, 108, sm80);
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  pt = plan::prefill_tail(40, 1, 640, p64, 16, sm80);  // 2 waves + 8 tokens: 2 splits, one wave
+  CHECK(pt.tokens == 8 && pt.splits == 2);
+  pt = plan::prefill_tail(4096, 2, 640, p64, 132, sm80);  // 128 heads: 8 blocks of 4 tokens over
+  CHECK(pt.tokens == 4 && pt.splits == 10);               // 80 of the 132 SMs, 2 tiles each
+  // 8 heads: 2 blocks per SM, 15 waves + 136 tokens; 3 splits of 7 tiles in 2 waves (cost
+  // 2 x 9 + 1) against one wave of 20 tiles (22)
+  pt = plan::prefill_tail(4096, 1, 640, p8, 132, sm80);
+  CHECK(pt.tokens == 136 && pt.splits == 3);
+  pt = plan::prefill_tail(40, 1, 640, p8, 16, sm80);  // 32 slots + 8 tokens: 4 splits each
+  CHECK(pt.tokens == 8 && pt.splits == 4);
+  pt = plan::prefill_tail(3, 1, 640, p64, 132, sm80);  // few tokens: split to fill the GPU
+  CHECK(pt.tokens == 3 && pt.splits > 1);
+  pt = plan::prefill_tail(0, 1, 640, p64, 132, sm80);
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  pt = plan::prefill_tail(5, 1, 32, p64, 132, sm80);  // one tile: nothing to split
+  CHECK(pt.tokens == 0 && pt.splits == 1);
   if (g_failed) {
     std::printf("%d of %d checks failed\n", g_failed, g_checks);
     return 1;

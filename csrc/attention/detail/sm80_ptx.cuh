@@ -28,6 +28,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
                "r"(src_bytes));
 }
 
+// Hint: bring the 128-byte line holding p into L2 (no register result, nothing waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>

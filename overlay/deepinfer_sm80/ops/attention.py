@@ -169,10 +169,14 @@ def flash_mla_sparse_fwd(
     out: torch.Tensor | None = None,
     *,
     smem_cap: int = 0,
+    num_sms: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Upstream-compatible sparse prefill: ``q [T, h, 512]``, ``kv [s_kv, 1, 512]`` bf16,
     ``indices [T, 1, topk]`` int32 (invalid: < 0 or >= s_kv), ``topk_length [T]``.
-    Returns ``(out [T, h, 512] bf16, max_logits [T, h], lse [T, h])`` (natural log)."""
+    Returns ``(out [T, h, 512] bf16, max_logits [T, h], lse [T, h])`` (natural log).
+
+    ``smem_cap`` / ``num_sms`` (0 = the device's) emulate a smaller GPU: the tile
+    configuration follows the cap, the split of the last partial wave's tokens the SM count."""
     if d_v != HEAD_DIM:
         raise ValueError(f"d_v must be {HEAD_DIM}, got {d_v}")
     if q.dim() != 3 or q.shape[-1] != HEAD_DIM or q.dtype != torch.bfloat16:
@@ -192,7 +196,7 @@ def flash_mla_sparse_fwd(
     sink = None if attn_sink is None else attn_sink.float().contiguous()
     _ops().sparse_mla_prefill(
         q, kv, _int32(indices, "indices"), _int32(topk_length, "topk_length"), sink,
-        float(sm_scale), out, max_logits, lse, smem_cap)
+        float(sm_scale), out, max_logits, lse, smem_cap, num_sms)
     if target is not None and target is not out:
         target.copy_(out)
         out = target
@@ -202,8 +206,10 @@ def flash_mla_sparse_fwd(
 def sparse_mla_plan(
     num_tokens: int, num_heads: int, capacity: int, fp8: bool, num_sms: int = 0, smem_cap: int = 0
 ) -> dict:
-    """The tile configuration and split count a call would use on this device."""
-    hg, bk, threads, smem, splits = _ops().sparse_mla_plan(
+    """The tile configuration and split count a call would use on this device: decode
+    splits every token's key list ``splits`` ways (``split_tokens`` = all tokens when
+    ``splits`` > 1), prefill only the ``split_tokens`` tokens of its last partial wave."""
+    hg, bk, threads, smem, splits, split_tokens = _ops().sparse_mla_plan(
         num_tokens, num_heads, capacity, fp8, num_sms, smem_cap)
     return {"heads_per_block": hg, "keys_per_tile": bk, "threads": threads,
-            "smem_bytes": smem, "splits": splits}
+            "smem_bytes": smem, "splits": splits, "split_tokens": split_tokens}
