@@ -196,7 +196,10 @@ def flash_mla_sparse_fwd(
     sink = None if attn_sink is None else attn_sink.float().contiguous()
     _ops().sparse_mla_prefill(
         q, kv, _int32(indices, "indices"), _int32(topk_length, "topk_length"), sink,
-        float(sm_scale), out, max_logits, lse, smem_cap, num_sms)
+        float(sm_scale), out, max_logits, lse, smem_cap,
+        # by keyword and only when set: an extension built before the argument existed
+        # (a same-run A/B's base build) still takes the call
+        **({"num_sms": num_sms} if num_sms else {}))
     if target is not None and target is not out:
         target.copy_(out)
         out = target
