@@ -82,13 +82,14 @@ int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const Launch
 }
 
 // Prefill: the L2 prefetch distance (SparseMlaParams::prefetch_ahead), the blocks resident
-// on this device at once; $DEEPINFER_ATTN_PREFETCH=0 (measurement knob) turns it off.
-int prefill_prefetch_ahead(const LaunchInfo& li, int smem_cap) {
+// on this device at once; only with one head group per token (the kernel maps block to token
+// without a division); $DEEPINFER_ATTN_PREFETCH=0 (measurement knob) turns it off.
+int prefill_prefetch_ahead(int64_t heads, const LaunchInfo& li, int smem_cap) {
   static const bool enabled = [] {
     const char* e = std::getenv("DEEPINFER_ATTN_PREFETCH");
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
-  if (!enabled) return 0;
+  if (!enabled || heads > li.heads_per_block) return 0;
   return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap));
 }
 
@@ -286,7 +287,7 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   const LaunchInfo li = plan::info(id, false);
   const plan::PrefillTail tail = choose_prefill_tail(T, H, s.topk, li, device_sms(num_sms), cap);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  p.prefetch_ahead = prefill_prefetch_ahead(li, cap);
+  p.prefetch_ahead = prefill_prefetch_ahead(H, li, cap);
   if (tail.tokens == 0) {
     C10_CUDA_CHECK(launch_prefill(p, id, stream));
     return;

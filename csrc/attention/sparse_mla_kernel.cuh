@@ -239,19 +239,19 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   ptx::cp_async_commit();
   if (loader && num_tiles > 1) fetch_rows(1);
   if constexpr (!kFp8) {
-    // L2 prefetch for the block p.prefetch_ahead ahead (params.h): its Q rows (8 lines of
-    // 128 B per head) and its index list, issued after this block's own loads.
-    const int nb = blockIdx.x + p.prefetch_ahead;
-    if (p.prefetch_ahead > 0 && nb < static_cast<int>(gridDim.x)) {
-      const int ntok = nb / groups;  // one split: block = token x head group
-      const int nh0 = (nb % groups) * HG * kGroups;
-      const int nheads = min(HG * kGroups, p.num_heads - nh0);
-      const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok + nh0 * p.q_stride_head);
-      for (int i = threadIdx.x; i < nheads * 8; i += NT * kGroups)
-        ptx::prefetch_l2(nq + 2 * (i >> 3) * p.q_stride_head + (i & 7) * 128);
-      const int32_t* nind = p.src[0].indices + ntok * p.src[0].indices_stride;
-      for (int i = threadIdx.x; i * 32 < p.src[0].topk; i += NT * kGroups)
-        ptx::prefetch_l2(nind + i * 32);
+    // L2 prefetch for the token p.prefetch_ahead ahead (params.h; set only for one split and
+    // one head group per token, so block = token): its Q rows, 8 lines of 128 B per head, and
+    // its index list, issued after this block's own loads.
+    const int ntok = blockIdx.x + p.prefetch_ahead;
+    if (p.prefetch_ahead > 0 && ntok < p.num_tokens) {
+      const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = threadIdx.x + r * NT * kGroups;
+        if (i < p.num_heads * 8) ptx::prefetch_l2(nq + 2 * (i >> 3) * p.q_stride_head + (i & 7) * 128);
+      }
+      if (threadIdx.x * 32 < p.src[0].topk)
+        ptx::prefetch_l2(p.src[0].indices + ntok * p.src[0].indices_stride + threadIdx.x * 32);
     }
   }
   if constexpr (kGroups > 1) {  // Q and the first tile in place for both groups

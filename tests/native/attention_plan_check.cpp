@@ -98,12 +98,18 @@ int main() {
   CHECK(pt.tokens == 8 && pt.splits == 2);
   pt = plan::prefill_tail(4096, 2, 640, p64, 132, sm80);  // 128 heads: 8 blocks of 4 tokens over
   CHECK(pt.tokens == 4 && pt.splits == 10);               // 80 of the 132 SMs, 2 tiles each
-  // 8 heads: 2 blocks per SM, 15 waves + 136 tokens; 3 splits of 7 tiles in 2 waves (cost
-  // 2 x 9 + 1) against one wave of 20 tiles (22)
+  // 8 heads: 2 blocks per SM, never split (a partial last wave runs one block per SM)
   pt = plan::prefill_tail(4096, 1, 640, p8, 132, sm80);
-  CHECK(pt.tokens == 136 && pt.splits == 3);
-  pt = plan::prefill_tail(40, 1, 640, p8, 16, sm80);  // 32 slots + 8 tokens: 4 splits each
-  CHECK(pt.tokens == 8 && pt.splits == 4);
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  pt = plan::prefill_tail(40, 1, 640, p8, 16, sm80);
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  // the SM86 cap: 16-head tiles (95,936 B) fill an SM
+  const LaunchInfo p16 = plan::info(TileConfigId::kH16, false);
+  CHECK(plan::resident_blocks(p16, sm86) == 1);
+  pt = plan::prefill_tail(40, 4, 640, p16, 16, sm86);  // 160 blocks = 10 waves: nothing left
+  CHECK(pt.tokens == 0 && pt.splits == 1);
+  pt = plan::prefill_tail(41, 4, 640, p16, 16, sm86);  // 164 blocks: 1 token's 4 groups left
+  CHECK(pt.tokens == 1 && pt.splits > 1);
   pt = plan::prefill_tail(3, 1, 640, p64, 132, sm80);  // few tokens: split to fill the GPU
   CHECK(pt.tokens == 3 && pt.splits > 1);
   pt = plan::prefill_tail(0, 1, 640, p64, 132, sm80);
