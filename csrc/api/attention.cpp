@@ -288,36 +288,29 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   const plan::PrefillTail tail = choose_prefill_tail(T, H, s.topk, li, device_sms(num_sms), cap);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   p.prefetch_ahead = prefill_prefetch_ahead(H, li, cap);
-  if (tail.tokens == 0) {
-    C10_CUDA_CHECK(launch_prefill(p, id, stream));
-    return;
+  p.whole_tokens = static_cast<int>(T - tail.tokens);
+  Tensor part_o, part_ml;
+  if (tail.tokens > 0) {
+    // the last partial wave's tokens: key lists split tail.splits ways (after the whole
+    // blocks, in the same launch), partials merged by the combine (plan::prefill_tail)
+    const int64_t tiles = (s.topk + li.keys_per_tile - 1) / li.keys_per_tile;
+    p.num_splits = tail.splits;
+    p.keys_per_split = static_cast<int>((tiles + tail.splits - 1) / tail.splits * li.keys_per_tile);
+    part_o = at::empty({tail.tokens, tail.splits, H, kHeadDim}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({tail.tokens, tail.splits, 3, H}, q.options().dtype(at::kFloat));
+    p.part_o = part_o.data_ptr<float>();
+    p.part_ml = part_ml.data_ptr<float>();
   }
-  // Tokens [0, T - tail) one block per token and head group; the tail's key lists split
-  // over tail.splits blocks each, merged by the combine (plan::prefill_tail).
-  const int64_t main_tokens = T - tail.tokens;
-  if (main_tokens > 0) {
-    SparseMlaParams pm = p;
-    pm.num_tokens = static_cast<int>(main_tokens);
-    C10_CUDA_CHECK(launch_prefill(pm, id, stream));
+  C10_CUDA_CHECK(launch_prefill(p, id, stream));
+  if (tail.tokens > 0) {
+    // the combine sees the split tokens only
+    SparseMlaParams pt = p;
+    pt.num_tokens = static_cast<int>(tail.tokens);
+    pt.out = static_cast<at::BFloat16*>(p.out) + p.whole_tokens * p.out_stride_tok;
+    if (p.lse != nullptr) pt.lse = p.lse + p.whole_tokens * p.lse_stride_tok;
+    if (p.max_logits != nullptr) pt.max_logits = p.max_logits + p.whole_tokens * p.ml_stride_tok;
+    C10_CUDA_CHECK(launch_sparse_mla_combine(pt, stream));
   }
-  SparseMlaParams pt = p;
-  pt.prefetch_ahead = 0;  // split blocks: the mapping differs, and nothing follows them
-  pt.num_tokens = static_cast<int>(tail.tokens);
-  pt.q = static_cast<const at::BFloat16*>(p.q) + main_tokens * p.q_stride_tok;
-  pt.out = static_cast<at::BFloat16*>(p.out) + main_tokens * p.out_stride_tok;
-  pt.src[0].indices = s.indices + main_tokens * s.indices_stride;
-  if (s.lens != nullptr) pt.src[0].lens = s.lens + main_tokens;
-  if (p.lse != nullptr) pt.lse = p.lse + main_tokens * p.lse_stride_tok;
-  if (p.max_logits != nullptr) pt.max_logits = p.max_logits + main_tokens * p.ml_stride_tok;
-  const int64_t tiles = (s.topk + li.keys_per_tile - 1) / li.keys_per_tile;
-  pt.num_splits = tail.splits;
-  pt.keys_per_split = static_cast<int>((tiles + tail.splits - 1) / tail.splits * li.keys_per_tile);
-  Tensor part_o = at::empty({tail.tokens, tail.splits, H, kHeadDim}, q.options().dtype(at::kFloat));
-  Tensor part_ml = at::empty({tail.tokens, tail.splits, 3, H}, q.options().dtype(at::kFloat));
-  pt.part_o = part_o.data_ptr<float>();
-  pt.part_ml = part_ml.data_ptr<float>();
-  C10_CUDA_CHECK(launch_prefill(pt, id, stream));
-  C10_CUDA_CHECK(launch_sparse_mla_combine(pt, stream));
 }
 
 // [heads_per_block, keys_per_tile, threads, smem_bytes, splits, split_tokens] that a call

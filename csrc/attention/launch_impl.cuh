@@ -18,7 +18,11 @@ cudaError_t launch_cfg(const SparseMlaParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const long long groups = (p.num_heads + Cfg::HG * kGroups - 1) / (Cfg::HG * kGroups);
-  const long long blocks = static_cast<long long>(p.num_tokens) * p.num_splits * groups;
+  // decode: every token num_splits blocks; prefill: whole_tokens one block, the rest num_splits
+  const long long per_group =
+      kFp8 ? static_cast<long long>(p.num_tokens) * p.num_splits
+           : p.whole_tokens + static_cast<long long>(p.num_tokens - p.whole_tokens) * p.num_splits;
+  const long long blocks = per_group * groups;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(blocks), Cfg::NTHREADS * kGroups, smem, stream>>>(p);

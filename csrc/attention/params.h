@@ -43,12 +43,15 @@ struct SparseMlaParams {
   int64_t lse_stride_tok = 0, lse_stride_head = 0;
   float* max_logits = nullptr;     // [T, H] or nullptr
   int64_t ml_stride_tok = 0, ml_stride_head = 0;
-  // Split of each token's key list over several blocks (decode). num_splits == 1: the
-  // main kernel writes out/lse itself; else it writes partials that combine merges.
+  // Split of each token's key list over several blocks. Decode: num_splits == 1, the main
+  // kernel writes out/lse itself; else every token is split and its partials merged by the
+  // combine. Prefill: tokens [0, whole_tokens) are not split, the others (the last partial
+  // wave's, plan::prefill_tail) num_splits ways, partials [T - whole_tokens, splits, ...].
   int num_splits = 1;
+  int whole_tokens = 0;            // prefill only (see above); == num_tokens: nothing split
   int keys_per_split = 0;          // multiple of the tile's key count
-  float* part_o = nullptr;         // [T, splits, H, 512] unnormalised sum p*v
-  float* part_ml = nullptr;        // [T, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
+  float* part_o = nullptr;         // [split tokens, splits, H, 512] unnormalised sum p*v
+  float* part_ml = nullptr;        // [split tokens, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
   // Prefill, one split, one head group per token: the token this many blocks ahead (the one
   // likely to start on this SM when this one ends: the resident blocks of the device) gets its
   // Q rows and index list prefetched into L2 in the prologue, so that its own prologue reads

@@ -116,17 +116,36 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 #endif
   const int groups = (p.num_heads + HG * kGroups - 1) / (HG * kGroups);
   int bid = blockIdx.x;
+  // whole: this block runs its token's whole key list and writes out / lse itself; else it
+  // writes split partials for the combine. Decode: every block alike (num_splits). Prefill:
+  // tokens [0, p.whole_tokens) one block per token x head group, then the last partial
+  // wave's tokens num_splits blocks each (plan::prefill_tail), in the same launch so that
+  // they fill the SMs as the whole blocks drain; their partials are numbered from
+  // p.whole_tokens.
+  bool whole;
+  int ns = p.num_splits, tok0 = 0;
+  if constexpr (kFp8) {
+    whole = p.num_splits == 1;
+  } else {
+    whole = bid < p.whole_tokens * groups;
+    if (whole) {
+      ns = 1;
+    } else {
+      bid -= p.whole_tokens * groups;
+      tok0 = p.whole_tokens;
+    }
+  }
   const int hgi = bid % groups;
   bid /= groups;
-  const int split = bid % p.num_splits;
-  const int tok = bid / p.num_splits;
+  const int split = bid % ns;
+  const int tok = tok0 + bid / ns;
   const int head0 = (hgi * kGroups + grp) * HG;
 
   const int len0 = list_len(p.src[0], tok);
   const int len1 = p.num_sources > 1 ? list_len(p.src[1], tok) : 0;
   const int n_keys = len0 + len1;
   int k_begin = 0, k_end = n_keys;
-  if (p.num_splits > 1) {
+  if (!whole) {
     k_begin = split * p.keys_per_split;
     k_end = min(n_keys, k_begin + p.keys_per_split);
   }
@@ -243,7 +262,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
     // one head group per token, so block = token): its Q rows, 8 lines of 128 B per head, and
     // its index list, issued after this block's own loads.
     const int ntok = blockIdx.x + p.prefetch_ahead;
-    if (p.prefetch_ahead > 0 && ntok < p.num_tokens) {
+    if (p.prefetch_ahead > 0 && whole && ntok < p.whole_tokens) {
       const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -272,7 +291,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   // The head's sink (-inf: none, or a split launch, whose combine adds it), loaded now and
   // used in the epilogue, so that the normaliser waits for no global load there.
   float sink_raw = -INFINITY;
-  if (sm_part == 0 && p.num_splits == 1 && p.sink != nullptr && head0 + sm_head < p.num_heads)
+  if (sm_part == 0 && whole && p.sink != nullptr && head0 + sm_head < p.num_heads)
     sink_raw = p.sink[head0 + sm_head];
   float m_run = -INFINITY, l_run = 0.f, lx_run = 0.f;  // running max, sums of weights
   const int g = lane >> 2, t = lane & 3;
@@ -520,12 +539,19 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   // stores, which the compiler may not move them past (a global round trip each: the 64-head
   // decode at batch 128 spent ~11,000 of ~107,000 cycles per block in the epilogue, ~5,500
   // after this change; phase clocks 2026-11-30 07:06 / 07:10 UTC).
-  if (sm_part == 0 && p.num_splits == 1)
+  // whole and tok0 recomputed from the parameters, not held in registers over the tile loop
+  if constexpr (kFp8) {
+    whole = p.num_splits == 1;
+  } else {
+    whole = static_cast<int>(blockIdx.x) < p.whole_tokens * groups;
+    tok0 = whole ? 0 : p.whole_tokens;
+  }
+  if (sm_part == 0 && whole)
     s_l[sm_head] = l_run > 0.f ? 1.f / (l_run + exp2f(sink_raw * kLog2e - m_run)) : 0.f;
   const bool stat_lane = sm_part == 0 && head0 + sm_head < p.num_heads;
   __syncthreads();
   const int d_base = warp * Cfg::DW;
-  if (p.num_splits == 1) {
+  if (whole) {
     // normalise, stage bf16 rows [head][dim] in the (free) Q area, then 16-byte stores
     uint8_t* stage = smem + L::q + grp * HG * Cfg::kRowBytes;
 #pragma unroll
@@ -560,7 +586,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
         p.max_logits[tok * p.ml_stride_tok + h * p.ml_stride_head] = l_run > 0.f ? m_run * kLn2 : -INFINITY;
     }
   } else {
-    const int64_t row0 = (static_cast<int64_t>(tok) * p.num_splits + split) * p.num_heads;
+    const int64_t row0 = (static_cast<int64_t>(tok - tok0) * p.num_splits + split) * p.num_heads;
 #pragma unroll
     for (int hn = 0; hn < HN; ++hn)
 #pragma unroll
@@ -572,7 +598,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
           if (h < p.num_heads) p.part_o[(row0 + h) * kHeadDim + d] = acc[dm][hn][e];
         }
     if (stat_lane) {
-      const int64_t ml = (static_cast<int64_t>(tok) * p.num_splits + split) * 3 * p.num_heads;
+      const int64_t ml = (static_cast<int64_t>(tok - tok0) * p.num_splits + split) * 3 * p.num_heads;
       p.part_ml[ml + head0 + sm_head] = m_run;
       p.part_ml[ml + p.num_heads + head0 + sm_head] = l_run;
       p.part_ml[ml + 2 * p.num_heads + head0 + sm_head] = lx_run;
