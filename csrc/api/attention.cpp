@@ -81,16 +81,18 @@ int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const Launch
   return plan::decode_splits(tokens, groups, capacity, li, sms, smem_cap);
 }
 
-// Prefill: the L2 prefetch distance (SparseMlaParams::prefetch_ahead), the blocks resident
-// on this device at once; only with one head group per token (the kernel maps block to token
-// without a division); $DEEPINFER_ATTN_PREFETCH=0 (measurement knob) turns it off.
+// Prefill: the L2 prefetch distance in tokens (SparseMlaParams::prefetch_ahead): the blocks
+// resident on this device at once, divided by the head groups per token (a block prefetches
+// for its own head group of a later token); $DEEPINFER_ATTN_PREFETCH=0 (measurement knob)
+// turns it off.
 int prefill_prefetch_ahead(int64_t heads, const LaunchInfo& li, int smem_cap) {
   static const bool enabled = [] {
     const char* e = std::getenv("DEEPINFER_ATTN_PREFETCH");
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
-  if (!enabled || heads > li.heads_per_block) return 0;
-  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap));
+  if (!enabled) return 0;
+  const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
+  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap) / groups);
 }
 
 // Prefill tail (plan::prefill_tail); $DEEPINFER_ATTN_PREFILL_TAIL=0 (measurement knob) runs

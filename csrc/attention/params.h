@@ -52,10 +52,10 @@ struct SparseMlaParams {
   int keys_per_split = 0;          // multiple of the tile's key count
   float* part_o = nullptr;         // [split tokens, splits, H, 512] unnormalised sum p*v
   float* part_ml = nullptr;        // [split tokens, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
-  // Prefill, one split, one head group per token: the token this many blocks ahead (the one
-  // likely to start on this SM when this one ends: the resident blocks of the device) gets its
-  // Q rows and index list prefetched into L2 in the prologue, so that its own prologue reads
-  // them from L2. 0: none.
+  // Prefill, whole blocks: the same head group of the token this many tokens ahead (about the
+  // block that starts on this SM when this one ends: the device's resident blocks / head
+  // groups per token) gets its Q rows and index list prefetched into L2 in the prologue, so
+  // that its own prologue reads them from L2. 0: none.
   int prefetch_ahead = 0;
 };
 

@@ -258,16 +258,19 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   ptx::cp_async_commit();
   if (loader && num_tiles > 1) fetch_rows(1);
   if constexpr (!kFp8) {
-    // L2 prefetch for the token p.prefetch_ahead ahead (params.h; set only for one split and
-    // one head group per token, so block = token): its Q rows, 8 lines of 128 B per head, and
-    // its index list, issued after this block's own loads.
-    const int ntok = blockIdx.x + p.prefetch_ahead;
+    // L2 prefetch for the same head group of the token p.prefetch_ahead tokens ahead
+    // (params.h): its Q rows, 8 lines of 128 B per head, and its index list, issued after
+    // this block's own loads (two lines per thread: at most 64 heads per block).
+    static_assert(HG * 8 <= 2 * NT, "two prefetched lines per thread cover the block's Q rows");
+    const int ntok = tok + p.prefetch_ahead;
     if (p.prefetch_ahead > 0 && whole && ntok < p.whole_tokens) {
-      const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok);
+      const int bh0 = hgi * HG * kGroups;
+      const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok + bh0 * p.q_stride_head);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = threadIdx.x + r * NT * kGroups;
-        if (i < p.num_heads * 8) ptx::prefetch_l2(nq + 2 * (i >> 3) * p.q_stride_head + (i & 7) * 128);
+        if (i < (p.num_heads - bh0) * 8 && i < HG * kGroups * 8)
+          ptx::prefetch_l2(nq + 2 * (i >> 3) * p.q_stride_head + (i & 7) * 128);
       }
       if (threadIdx.x * 32 < p.src[0].topk)
         ptx::prefetch_l2(p.src[0].indices + ntok * p.src[0].indices_stride + threadIdx.x * 32);

@@ -11,6 +11,7 @@
 # (NAME=ENV=VAL,ENV=VAL, run on the new build). Interleaving spreads run-to-run drift over
 # every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too; "b1"
 # adds the batch-1 split sweep); AB_SPLIT_SWEEP=B:H,.. adds forced-split decode sweeps.
+# AB_SMEM_CAP: the attention cases' shared-memory cap (default 166912, SM80; 101376: SM86).
 # AB_BENCH=cache: instead, the cache/index GPU tests and bench/bench_cache.py --ours-only
 # --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
 # or combine: that kernel only) for base, new and AB_ENVS; AB_BASELINES=1: then once more for
@@ -86,7 +87,7 @@ for r in $(seq 1 "${AB_ROUNDS:-3}"); do
   for v in base new ${AB_ENVS:-}; do
     ab_variant "$v"
     env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/explore_attention.py --tag "$name" $cases \
-      --smem-cap 166912 > "$OUT/ab_${name}_$r.log" 2>&1 || rc=1
+      --smem-cap "${AB_SMEM_CAP:-166912}" > "$OUT/ab_${name}_$r.log" 2>&1 || rc=1
     grep '"case"' "$OUT/ab_${name}_$r.log" | cut -c1-170
   done
 done
