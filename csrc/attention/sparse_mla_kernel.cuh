@@ -151,30 +151,6 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   }
   const int num_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
-  // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
-  if constexpr (kRawScores) {
-    // In the score MMA's k order (detail/raw_scores.cuh): each 4-byte dim pair copied to its
-    // logical position, so that the Q^T fragments pair with the A fragments read from the
-    // records (cp.async, so that Q lands while the first tile's records are in flight).
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
-    for (int i = tid; i < HG * 256; i += NT) {
-      const int r = i >> 8, ph = i & 255, h = head0 + r;  // ph: physical dim pair of the row
-      const int blk = ph >> 5;
-      const int lp = raw::logical_pair(blk, ph & 31);
-      const bool ok = h < p.num_heads;
-      ptx::cp_async_4(q_base + swz(r, blk * 8 + (lp >> 2)) + (lp & 3) * 4,
-                      ok ? q + h * p.q_stride_head + ph * 2 : q, ok ? 4 : 0);
-    }
-  } else {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
-    for (int i = tid; i < HG * 64; i += NT) {
-      const int r = i >> 6, c = i & 63, h = head0 + r;
-      const bool ok = h < p.num_heads;
-      const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
-      ptx::cp_async_16(q_base + swz(r, c), src, ok ? 16 : 0);
-    }
-  }
-
   // ---- tile loader: the warps that the score MMA leaves idle (S_WARPS..NWARPS-1) copy the
   // next tile while the score warps compute, so the copies' issue is off the critical path
   // (measured per phase with bench/phase_clocks.py: issuing all copies right after the
@@ -251,10 +227,34 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 
   // ---- prologue: Q joins the first group; the rows of the next tile resolved
   static_assert(STAGES == 2, "the loader pipelines one tile ahead");
-  if (loader && num_tiles > 0) {
-    fetch_rows(0);
-    issue_tile(0);
+  // The first tile's index loads go out before Q's copies: they head the dependent chain
+  // index -> key rows, and behind Q's 64 KB of copies they would wait in the same queue.
+  if (loader && num_tiles > 0) fetch_rows(0);
+  // ---- Q: HG rows of 512 bf16 (zero rows past the head count).
+  if constexpr (kRawScores) {
+    // In the score MMA's k order (detail/raw_scores.cuh): each 4-byte dim pair copied to its
+    // logical position, so that the Q^T fragments pair with the A fragments read from the
+    // records (cp.async, so that Q lands while the first tile's records are in flight).
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
+    for (int i = tid; i < HG * 256; i += NT) {
+      const int r = i >> 8, ph = i & 255, h = head0 + r;  // ph: physical dim pair of the row
+      const int blk = ph >> 5;
+      const int lp = raw::logical_pair(blk, ph & 31);
+      const bool ok = h < p.num_heads;
+      ptx::cp_async_4(q_base + swz(r, blk * 8 + (lp >> 2)) + (lp & 3) * 4,
+                      ok ? q + h * p.q_stride_head + ph * 2 : q, ok ? 4 : 0);
+    }
+  } else {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q) + tok * p.q_stride_tok;
+    for (int i = tid; i < HG * 64; i += NT) {
+      const int r = i >> 6, c = i & 63, h = head0 + r;
+      const bool ok = h < p.num_heads;
+      const __nv_bfloat16* src = ok ? q + h * p.q_stride_head + c * 8 : q;
+      ptx::cp_async_16(q_base + swz(r, c), src, ok ? 16 : 0);
+    }
   }
+
+  if (loader && num_tiles > 0) issue_tile(0);
   ptx::cp_async_commit();
   if (loader && num_tiles > 1) fetch_rows(1);
   if constexpr (!kFp8) {
