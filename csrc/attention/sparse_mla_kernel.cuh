@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
 
   const int sm_head = tid / TPH;   // softmax: head of this thread
   const int sm_part = tid % TPH;   // softmax: key offset of this thread
-  // The head's sink (-inf: none, or a split launch, whose combine adds it), loaded now and
+  // The head's sink (-inf: none, or a split block, whose combine adds it), loaded now and
   // used in the epilogue, so that the normaliser waits for no global load there.
   float sink_raw = -INFINITY;
   if (sm_part == 0 && whole && p.sink != nullptr && head0 + sm_head < p.num_heads)
