@@ -1,4 +1,5 @@
-"""CPU checks of the op wrappers' argument validation (deepinfer_sm80.ops.cache / .index):
+"""CPU checks of the op wrappers' argument validation (deepinfer_sm80.ops.cache / .index, and
+the attention wrappers' arguments to the op):
 bad inputs raise errors that name the argument, good inputs reach the extension op with the
 arguments it expects. The CUDA device check is relaxed to accept CPU tensors and the
 extension is replaced by a recorder; the kernels themselves are tested in tests/gpu."""
@@ -107,3 +108,52 @@ def test_gather_and_insert_validation(rec):
     with pytest.raises(TypeError, match="slot_mapping must be torch.int64"):
         ops_cache.quantize_and_insert_k_cache(k, cache, torch.arange(4, dtype=torch.int32), 64)
     assert [c[0] for c in rec.calls] == ["dequantize_and_gather_k_cache"] * 2 + ["quantize_and_insert_k_cache"]
+
+
+# ---------------------------------------------------------------- attention wrappers
+from deepinfer_sm80.ops import attention as ops_attn  # noqa: E402
+
+
+class _KwRecorder:
+    """Records (name, args, kwargs); sparse_mla_plan answers like the extension."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name):
+        def op(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name == "sparse_mla_plan":
+                return [64, 32, 256, 157952, 20, 4]
+        return op
+
+
+def _prefill_inputs(t=6, h=8, topk=64):
+    q = torch.zeros(t, h, 512, dtype=torch.bfloat16)
+    kv = torch.zeros(100, 1, 512, dtype=torch.bfloat16)
+    idx = torch.zeros(t, 1, topk, dtype=torch.int32)
+    return q, kv, idx
+
+
+@pytest.mark.parametrize("num_sms", [0, 108])
+def test_prefill_passes_num_sms_only_when_set(monkeypatch, num_sms):
+    """num_sms goes to the op by keyword and only when set, so that an extension built
+    before the argument existed (a same-run A/B's base build) still takes the call."""
+    r = _KwRecorder()
+    monkeypatch.setattr(ops_attn, "_ops", lambda: r)
+    q, kv, idx = _prefill_inputs()
+    out, mx, lse = ops_attn.flash_mla_sparse_fwd(q, kv, idx, 0.04, smem_cap=101376, num_sms=num_sms)
+    (name, args, kwargs), = r.calls
+    assert name == "sparse_mla_prefill"
+    assert args[-1] == 101376  # smem_cap, positional as in every build
+    assert kwargs == ({"num_sms": num_sms} if num_sms else {})
+    assert out.shape == q.shape and mx.shape == (6, 8) and lse.shape == (6, 8)
+
+
+def test_plan_reports_split_tokens(monkeypatch):
+    r = _KwRecorder()
+    monkeypatch.setattr(ops_attn, "_ops", lambda: r)
+    plan = ops_attn.sparse_mla_plan(4096, 64, 640, False, 132, 166912)
+    assert plan == {"heads_per_block": 64, "keys_per_tile": 32, "threads": 256,
+                    "smem_bytes": 157952, "splits": 20, "split_tokens": 4}
+    assert r.calls[0][1] == (4096, 64, 640, False, 132, 166912)
