@@ -15,12 +15,17 @@ from deepinfer_sm80.ops import index as ops_index
 
 
 class _Recorder:
+    """Stands in for the extension: records (name, args, kwargs); sparse_mla_plan answers
+    like the extension (a 6-entry plan)."""
+
     def __init__(self):
-        self.calls: list[tuple[str, tuple]] = []
+        self.calls: list[tuple[str, tuple, dict]] = []
 
     def __getattr__(self, name):
-        def op(*args):
-            self.calls.append((name, args))
+        def op(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name == "sparse_mla_plan":
+                return [64, 32, 256, 157952, 20, 4]
         return op
 
 
@@ -114,20 +119,6 @@ def test_gather_and_insert_validation(rec):
 from deepinfer_sm80.ops import attention as ops_attn  # noqa: E402
 
 
-class _KwRecorder:
-    """Records (name, args, kwargs); sparse_mla_plan answers like the extension."""
-
-    def __init__(self):
-        self.calls: list[tuple[str, tuple, dict]] = []
-
-    def __getattr__(self, name):
-        def op(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            if name == "sparse_mla_plan":
-                return [64, 32, 256, 157952, 20, 4]
-        return op
-
-
 def _prefill_inputs(t=6, h=8, topk=64):
     q = torch.zeros(t, h, 512, dtype=torch.bfloat16)
     kv = torch.zeros(100, 1, 512, dtype=torch.bfloat16)
@@ -139,7 +130,7 @@ def _prefill_inputs(t=6, h=8, topk=64):
 def test_prefill_passes_num_sms_only_when_set(monkeypatch, num_sms):
     """num_sms goes to the op by keyword and only when set, so that an extension built
     before the argument existed (a same-run A/B's base build) still takes the call."""
-    r = _KwRecorder()
+    r = _Recorder()
     monkeypatch.setattr(ops_attn, "_ops", lambda: r)
     q, kv, idx = _prefill_inputs()
     out, mx, lse = ops_attn.flash_mla_sparse_fwd(q, kv, idx, 0.04, smem_cap=101376, num_sms=num_sms)
@@ -151,7 +142,7 @@ def test_prefill_passes_num_sms_only_when_set(monkeypatch, num_sms):
 
 
 def test_plan_reports_split_tokens(monkeypatch):
-    r = _KwRecorder()
+    r = _Recorder()
     monkeypatch.setattr(ops_attn, "_ops", lambda: r)
     plan = ops_attn.sparse_mla_plan(4096, 64, 640, False, 132, 166912)
     assert plan == {"heads_per_block": 64, "keys_per_tile": 32, "threads": 256,

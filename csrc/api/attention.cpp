@@ -27,6 +27,13 @@ using at::Tensor;
 constexpr int64_t kRecordBytes = kDataBytes + kScaleBytes;
 using plan::kMaxSplits;
 
+// A measurement knob set to "0" ($DEEPINFER_ATTN_NARROW, _PREFETCH, _PREFILL_TAIL): the
+// feature is off. Read once per process by each caller (static).
+bool knob_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, "0") == 0;
+}
+
 int device_smem_cap(int64_t forced) {
   int dev = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
@@ -58,10 +65,7 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
 // configuration with that many heads per block when it fits the shared-memory cap.
 TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
                                   int smem_cap) {
-  static const bool narrow = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_NARROW");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool narrow = !knob_off("DEEPINFER_ATTN_NARROW");
   static const int forced_heads = [] {
     const char* e = std::getenv("DEEPINFER_ATTN_DECODE_HEADS");
     return e != nullptr ? std::atoi(e) : 0;
@@ -86,26 +90,19 @@ int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const Launch
 // for its own head group of a later token); $DEEPINFER_ATTN_PREFETCH=0 (measurement knob)
 // turns it off.
 int prefill_prefetch_ahead(int64_t heads, const LaunchInfo& li, int smem_cap) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_PREFETCH");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
-  if (!enabled) return 0;
-  const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
-  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap) / groups);
+  static const bool off = knob_off("DEEPINFER_ATTN_PREFETCH");
+  if (off) return 0;
+  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap) /
+                          plan::head_groups(heads, li));
 }
 
 // Prefill tail (plan::prefill_tail); $DEEPINFER_ATTN_PREFILL_TAIL=0 (measurement knob) runs
 // every token as one block per head group instead.
 plan::PrefillTail choose_prefill_tail(int64_t tokens, int64_t heads, int64_t capacity,
                                       const LaunchInfo& li, int sms, int smem_cap) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_PREFILL_TAIL");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
-  if (!enabled) return {0, 1};
-  const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
-  return plan::prefill_tail(tokens, groups, capacity, li, sms, smem_cap);
+  static const bool off = knob_off("DEEPINFER_ATTN_PREFILL_TAIL");
+  if (off) return {0, 1};
+  return plan::prefill_tail(tokens, plan::head_groups(heads, li), capacity, li, sms, smem_cap);
 }
 
 void check_16b(const Tensor& t, const char* name) {
@@ -234,7 +231,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   const int64_t capacity = p.src[0].topk + (p.num_sources > 1 ? p.src[1].topk : 0);
   const TileConfigId id = choose_decode_config(T, H, capacity, sms, cap);
   const LaunchInfo li = plan::info(id, true);
-  const int64_t groups = (H + li.heads_per_block - 1) / li.heads_per_block;
+  const int64_t groups = plan::head_groups(H, li);
   int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, kMaxSplits))
                               : choose_splits(T, groups, capacity, li, sms, cap);
   const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
@@ -325,12 +322,11 @@ std::vector<int64_t> sparse_mla_plan(int64_t num_tokens, int64_t num_heads, int6
   const TileConfigId id = fp8 ? choose_decode_config(num_tokens, num_heads, capacity, sms, cap)
                               : choose_config(num_heads, fp8, cap);
   const LaunchInfo li = info_of(id, fp8);
-  const int64_t groups = (num_heads + li.heads_per_block - 1) / li.heads_per_block;
   if (!fp8) {
     const plan::PrefillTail tail = choose_prefill_tail(num_tokens, num_heads, capacity, li, sms, cap);
     return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, tail.splits, tail.tokens};
   }
-  const int splits = choose_splits(num_tokens, groups, capacity, li, sms, cap);
+  const int splits = choose_splits(num_tokens, plan::head_groups(num_heads, li), capacity, li, sms, cap);
   return {li.heads_per_block, li.keys_per_tile, li.threads, li.smem_bytes, splits,
           splits > 1 ? num_tokens : 0};
 }

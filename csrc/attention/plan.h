@@ -37,6 +37,11 @@ inline LaunchInfo info(TileConfigId id, bool fp8) {
   return fp8 ? info_of<CfgH8, true>() : info_of<CfgH8, false>();
 }
 
+// Head groups (blocks per token and split) a configuration needs for `heads` heads.
+inline int64_t head_groups(int64_t heads, const LaunchInfo& li) {
+  return (heads + li.heads_per_block - 1) / li.heads_per_block;
+}
+
 // Widest configuration (most heads per block, up to the head count) whose shared memory
 // fits smem_cap; false when none does.
 inline bool widest_config(int64_t heads, bool fp8, int smem_cap, TileConfigId* out) {
@@ -65,7 +70,7 @@ inline TileConfigId decode_config(TileConfigId widest, int64_t tokens, int64_t h
   if (!narrow) return id;
   while (id != TileConfigId::kH8) {
     const LaunchInfo li = info(id, true);
-    const int64_t groups = (heads + li.heads_per_block - 1) / li.heads_per_block;
+    const int64_t groups = head_groups(heads, li);
     const int64_t useful_splits =
         std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
     if (2 * tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
