@@ -85,15 +85,10 @@ int choose_splits(int64_t tokens, int64_t groups, int64_t capacity, const Launch
   return plan::decode_splits(tokens, groups, capacity, li, sms, smem_cap);
 }
 
-// Prefill: the L2 prefetch distance in tokens (SparseMlaParams::prefetch_ahead): the blocks
-// resident on this device at once, divided by the head groups per token (a block prefetches
-// for its own head group of a later token); $DEEPINFER_ATTN_PREFETCH=0 (measurement knob)
-// turns it off.
-int prefill_prefetch_ahead(int64_t heads, const LaunchInfo& li, int smem_cap) {
+// SparseMlaParams::prefetch_lists; $DEEPINFER_ATTN_PREFETCH=0 (measurement knob) turns it off.
+int prefetch_lists() {
   static const bool off = knob_off("DEEPINFER_ATTN_PREFETCH");
-  if (off) return 0;
-  return static_cast<int>(device_sms(0) * plan::resident_blocks(li, smem_cap) /
-                          plan::head_groups(heads, li));
+  return off ? 0 : 1;
 }
 
 // Prefill tail (plan::prefill_tail); $DEEPINFER_ATTN_PREFILL_TAIL=0 (measurement knob) runs
@@ -248,6 +243,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
     p.part_o = part_o.data_ptr<float>();
     p.part_ml = part_ml.data_ptr<float>();
   }
+  p.prefetch_lists = prefetch_lists();
   C10_CUDA_CHECK(launch_decode(p, id, stream));
   if (p.num_splits > 1) C10_CUDA_CHECK(launch_sparse_mla_combine(p, stream));
 }
@@ -286,7 +282,7 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   const LaunchInfo li = plan::info(id, false);
   const plan::PrefillTail tail = choose_prefill_tail(T, H, s.topk, li, device_sms(num_sms), cap);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  p.prefetch_ahead = prefill_prefetch_ahead(H, li, cap);
+  p.prefetch_lists = prefetch_lists();
   p.whole_tokens = static_cast<int>(T - tail.tokens);
   Tensor part_o, part_ml;
   if (tail.tokens > 0) {

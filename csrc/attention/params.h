@@ -52,11 +52,8 @@ struct SparseMlaParams {
   int keys_per_split = 0;          // multiple of the tile's key count
   float* part_o = nullptr;         // [split tokens, splits, H, 512] unnormalised sum p*v
   float* part_ml = nullptr;        // [split tokens, splits, 3, H]: max (log2 units), sum of bf16 p, exact sum p
-  // Prefill, whole blocks: the same head group of the token this many tokens ahead (about the
-  // block that starts on this SM when this one ends: the device's resident blocks / head
-  // groups per token) gets its Q rows and index list prefetched into L2 in the prologue, so
-  // that its own prologue reads them from L2. 0: none.
-  int prefetch_ahead = 0;
+  // Each block prefetches its own token's index lists into L2 in the prologue (0: not).
+  int prefetch_lists = 1;
 };
 
 // Tile configurations (see config_sm80.h / config_sm86.h and docs/attention.md).

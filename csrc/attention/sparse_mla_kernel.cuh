@@ -257,23 +257,17 @@ __global__ void __launch_bounds__(Cfg::NTHREADS * kGroups, 1) sparse_mla_kernel(
   if (loader && num_tiles > 0) issue_tile(0);
   ptx::cp_async_commit();
   if (loader && num_tiles > 1) fetch_rows(1);
-  if constexpr (!kFp8) {
-    // L2 prefetch for the same head group of the token p.prefetch_ahead tokens ahead
-    // (params.h): its Q rows, 8 lines of 128 B per head, and its index list, issued after
-    // this block's own loads (two lines per thread: at most 64 heads per block).
-    static_assert(HG * 8 <= 2 * NT, "two prefetched lines per thread cover the block's Q rows");
-    const int ntok = tok + p.prefetch_ahead;
-    if (p.prefetch_ahead > 0 && whole && ntok < p.whole_tokens) {
-      const int bh0 = hgi * HG * kGroups;
-      const char* nq = static_cast<const char*>(p.q) + 2 * (ntok * p.q_stride_tok + bh0 * p.q_stride_head);
+  // L2 prefetch of this block's own index lists (one 128-byte line per thread, issued after
+  // the first tile's loads): the loader's per-tile index loads then hit L2 instead of DRAM.
+  // Measured on the H200 (docs/attention.md, session of 2026-11-30 from 10:07 UTC): this is
+  // what the earlier prefetch of the next wave's Q rows and index list gained; its Q part
+  // alone was slower than no prefetch.
+  if (p.prefetch_lists) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = threadIdx.x + r * NT * kGroups;
-        if (i < (p.num_heads - bh0) * 8 && i < HG * kGroups * 8)
-          ptx::prefetch_l2(nq + 2 * (i >> 3) * p.q_stride_head + (i & 7) * 128);
-      }
-      if (threadIdx.x * 32 < p.src[0].topk)
-        ptx::prefetch_l2(p.src[0].indices + ntok * p.src[0].indices_stride + threadIdx.x * 32);
+    for (int s = 0; s < 2; ++s) {
+      if (s < p.num_sources && threadIdx.x * 32 < p.src[s].topk)
+        ptx::prefetch_l2(p.src[s].indices + static_cast<int64_t>(tok) * p.src[s].indices_stride +
+                         threadIdx.x * 32);
     }
   }
   if constexpr (kGroups > 1) {  // Q and the first tile in place for both groups
