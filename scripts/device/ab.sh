@@ -11,6 +11,8 @@
 # (NAME=ENV=VAL,ENV=VAL, run on the new build). Interleaving spreads run-to-run drift over
 # every variant alike. AB_CASES=prefill (default) or "prefill decode" (decode B=128 too; "b1"
 # adds the batch-1 split sweep); AB_SPLIT_SWEEP=B:H,.. adds forced-split decode sweeps.
+# At the end, scripts/device/ab_summary.py prints the rounds, medians and changes against base
+# (also $OUT/summary.md in ab-logs.tgz).
 # AB_SMEM_CAP: the attention cases' shared-memory cap (default 166912, SM80; 101376: SM86).
 # AB_BENCH=cache: instead, the cache/index GPU tests and bench/bench_cache.py --ours-only
 # --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
@@ -91,4 +93,6 @@ for r in $(seq 1 "${AB_ROUNDS:-3}"); do
     grep '"case"' "$OUT/ab_${name}_$r.log" | cut -c1-170
   done
 done
+# per case and variant: every round, the median and its change against the base build
+$PY scripts/device/ab_summary.py "$OUT" | tee "$OUT/summary.md"
 echo "ab.sh rc=$rc"; exit $rc
