@@ -232,8 +232,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
   splits = static_cast<int>(std::min<int64_t>(splits, tiles));
   p.num_splits = std::max(1, splits);
-  const int64_t tiles_per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  p.keys_per_split = static_cast<int>(tiles_per_split * li.keys_per_tile);
+  p.keys_per_split = plan::keys_per_split(capacity, p.num_splits, li);
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   Tensor part_o, part_ml;
@@ -288,9 +287,8 @@ void sparse_mla_prefill(const Tensor& q, const Tensor& kv, const Tensor& indices
   if (tail.tokens > 0) {
     // the last partial wave's tokens: key lists split tail.splits ways (after the whole
     // blocks, in the same launch), partials merged by the combine (plan::prefill_tail)
-    const int64_t tiles = (s.topk + li.keys_per_tile - 1) / li.keys_per_tile;
     p.num_splits = tail.splits;
-    p.keys_per_split = static_cast<int>((tiles + tail.splits - 1) / tail.splits * li.keys_per_tile);
+    p.keys_per_split = plan::keys_per_split(s.topk, tail.splits, li);
     part_o = at::empty({tail.tokens, tail.splits, H, kHeadDim}, q.options().dtype(at::kFloat));
     part_ml = at::empty({tail.tokens, tail.splits, 3, H}, q.options().dtype(at::kFloat));
     p.part_o = part_o.data_ptr<float>();

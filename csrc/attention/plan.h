@@ -109,14 +109,21 @@ inline int decode_splits(int64_t tokens, int64_t groups, int64_t capacity, const
   return best_s;
 }
 
+// Keys per split block when a list of `capacity` keys is split `splits` ways: whole tiles,
+// the same for every split (the last split may get fewer keys).
+inline int keys_per_split(int64_t capacity, int splits, const LaunchInfo& li) {
+  const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
+  return static_cast<int>((tiles + splits - 1) / splits * li.keys_per_tile);
+}
+
 // Prefill: the tokens of the last, partial wave of blocks, and their split count. A prefill
 // runs one block per token x head group, each the whole key list; when the blocks are not a
 // multiple of the resident slots, the last wave runs a few long blocks on an otherwise idle
 // GPU (4,096 tokens of 64 heads on the H200's 132 SMs: 32 waves for 31.03 waves of work, ~3%
-// of the time; on a 108-SM A100, 37.9 waves). Those tokens run instead as a second launch
-// whose key lists are split (decode_splits' cost model on the tail alone) and merged by the
-// combine. {0, 1}: no tail launch (the blocks fill whole waves, splitting does not pay, or
-// two blocks share an SM).
+// of the time; on a 108-SM A100, 37.9 waves). Those tokens' key lists are split instead
+// (decode_splits' cost model on the tail alone): their split blocks run after the whole ones
+// in the same launch, and the combine merges them. {0, 1}: nothing split (the blocks fill
+// whole waves, splitting does not pay, or two blocks share an SM).
 struct PrefillTail {
   int64_t tokens;
   int splits;

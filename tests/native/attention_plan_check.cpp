@@ -116,6 +116,12 @@ int main() {
   CHECK(pt.tokens == 0 && pt.splits == 1);
   pt = plan::prefill_tail(5, 1, 32, p64, 132, sm80);  // one tile: nothing to split
   CHECK(pt.tokens == 0 && pt.splits == 1);
+  // keys per split: whole tiles, equal for every split
+  CHECK(plan::keys_per_split(640, 20, p64) == 32);  // the H200 tail: one tile each
+  CHECK(plan::keys_per_split(640, 10, p64) == 64);
+  CHECK(plan::keys_per_split(640, 3, p64) == 224);  // 20 tiles: 7 + 7 + 6
+  CHECK(plan::keys_per_split(640, 1, p64) == 640);
+  CHECK(plan::keys_per_split(0, 1, p64) == 32);     // an empty list still gets one tile
   if (g_failed) {
     std::printf("%d of %d checks failed\n", g_failed, g_checks);
     return 1;
