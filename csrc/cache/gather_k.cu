@@ -12,7 +12,9 @@
 // from the SM count and the kernel's occupancy so that the whole GPU is covered once. The
 // record loads carry the L2::256B prefetch-size hint (an entry's 576 data bytes span 2-3
 // aligned 256-byte blocks, read by three load instructions of the warp): 0.4-1.6% faster
-// than without it in four same-run comparisons on the H200 (2026-11-29).
+// than without it in four same-run comparisons on the H200 (2026-11-29). Record loads and
+// output stores also carry an L2 evict_first policy (each byte is touched once; 2.4% faster
+// on the H200, 2026-11-30; kEvictFirst below).
 //
 // Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
 // 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
@@ -60,54 +62,77 @@ struct EntryLoads {
   uint2 scales;  // the entry's 8 scale bytes
 };
 
+// kEvictFirst: the record loads and the output stores carry an L2 evict_first policy
+// (createpolicy + .L2::cache_hint): every record is read once and every output line written
+// once, so neither should displace other lines from the L2. Measured on the H200 (same-run
+// A/B, 2026-11-30 11:41 UTC, docs/kernels-cache-index.md): 2.4% faster than no policy at
+// 1 x 49,152 and 4 x 12,288; evict_first on the loads alone or the stores alone, and
+// evict_last on the stores, were not faster. $DEEPINFER_GATHER_L2POLICY=0 turns it off.
+template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
-                                                 int lane) {
+                                                 int lane, uint64_t pol) {
   EntryLoads e;
-  e.a = ld_nc_v2<true>(entry + 8 * lane);
-  if (lane < 24) {
-    const uint2 t = ld_nc_v2<true>(entry + 256 + 8 * lane);
-    e.b = make_uint4(t.x, t.y, 0u, 0u);
+  if constexpr (kEvictFirst) {
+    e.a = ld_nc_v2_pol(entry + 8 * lane, pol);
+    if (lane < 24) {
+      const uint2 t = ld_nc_v2_pol(entry + 256 + 8 * lane, pol);
+      e.b = make_uint4(t.x, t.y, 0u, 0u);
+    } else {
+      e.b = ld_nc_v4_pol(entry + kv_record::kRopeOffset + 16 * (lane - 24), pol);
+    }
   } else {
-    e.b = ld_nc_v4<true>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
+    e.a = ld_nc_v2<true>(entry + 8 * lane);
+    if (lane < 24) {
+      const uint2 t = ld_nc_v2<true>(entry + 256 + 8 * lane);
+      e.b = make_uint4(t.x, t.y, 0u, 0u);
+    } else {
+      e.b = ld_nc_v4<true>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
+    }
   }
   e.scales = ld_nc_v2(scales);
   return e;
 }
 
+template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_packed(const GatherKParams& p, int64_t packed,
-                                                  int lane) {
+                                                  int lane, uint64_t pol) {
   const int in_blk = static_cast<int>(packed & 0xFFFF);
   const uint8_t* blk = kv_record::block_base(p.cache, packed >> 16, p.block_stride);
-  return load_entry(blk + kv_record::data_offset(in_blk),
-                    blk + kv_record::scale_offset(p.block_size, in_blk), lane);
+  return load_entry<kEvictFirst>(blk + kv_record::data_offset(in_blk),
+                                 blk + kv_record::scale_offset(p.block_size, in_blk), lane, pol);
 }
 
-template <bool kStreaming>
-__device__ __forceinline__ void store16(void* p, uint4 v) {
-  if (kStreaming) {
+template <bool kStreaming, bool kEvictFirst>
+__device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
+  if constexpr (kEvictFirst) {
+    st_v4_pol(p, v, pol);
+  } else if (kStreaming) {
     st_cs_v4(p, v);
   } else {
     st_v4(p, v);
   }
 }
 
-template <bool kStreaming>
-__device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane) {
+template <bool kStreaming, bool kEvictFirst>
+__device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane,
+                                            uint64_t pol) {
   const int g = lane >> 3;
-  store16<kStreaming>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)));
+  store16<kStreaming, kEvictFirst>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
   uint4 hi;
   if (lane < 24) {
     hi = decode8(make_uint2(e.b.x, e.b.y), kv_record::group_scale_byte(e.scales, 4 + g));
   } else {
     hi = e.b;
   }
-  store16<kStreaming>(out_row + 256 + 8 * lane, hi);
+  store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
-template <int kInFlight, bool kStreaming>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
+  uint64_t pol = 0;
+  if constexpr (kEvictFirst) pol = l2_policy_evict_first();
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -149,24 +174,24 @@ gather_k_kernel(const GatherKParams p) {
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
-        if (has[j]) e[j] = load_packed(p, ep[j], lane);
+        if (has[j]) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (has[j]) {
-          store_entry<kStreaming>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane);
+          store_entry<kStreaming, kEvictFirst>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane, pol);
         }
       }
     }
   }
 }
 
-template <int kInFlight, bool kStreaming>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -180,24 +205,26 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-template <int kInFlight, bool kStreaming>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming>();
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
 //   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
-//   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size.
+//   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size;
+//   $DEEPINFER_GATHER_L2POLICY = 0: no L2 evict_first policy on the default kernel's loads
+//   and stores (the other variants carry none).
 int gather_variant() {
   static int v = [] {
     const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
@@ -210,6 +237,14 @@ int gather_variant() {
   return v;
 }
 
+bool gather_l2_evict_first() {
+  static const bool on = [] {
+    const char* e = std::getenv("DEEPINFER_GATHER_L2POLICY");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 }  // namespace
 
 void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
@@ -220,7 +255,13 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 5: launch<4, true>(p, lim, stream); break;
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
-    default: launch<4, false>(p, lim, stream); break;
+    default:
+      if (gather_l2_evict_first()) {
+        launch<4, false, true>(p, lim, stream);
+      } else {
+        launch<4, false>(p, lim, stream);
+      }
+      break;
   }
 }
 

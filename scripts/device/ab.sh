@@ -47,9 +47,10 @@ if [ "${AB_BENCH:-attention}" = cache ]; then
   echo "cache/index tests (new): $(tail -1 "$OUT/tests-cache.log")"
   for v in ${AB_ENVS:-}; do  # knob variants must be exact too
     ab_variant "$v"
-    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k gather tests/gpu/test_cache_kernels.py \
+    env $envs timeout 100 $PY -m pytest -q -p no:cacheprovider -k "gather or combine" \
+      tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py \
       > "$OUT/tests-cache-$name.log" 2>&1 || rc=1
-    echo "gather tests ($name): $(tail -1 "$OUT/tests-cache-$name.log")"
+    echo "gather/combine tests ($name): $(tail -1 "$OUT/tests-cache-$name.log")"
   done
   for r in $(seq 1 "${AB_ROUNDS:-3}"); do
     for v in base new ${AB_ENVS:-}; do
