@@ -13,8 +13,8 @@
 // record loads carry the L2::256B prefetch-size hint (an entry's 576 data bytes span 2-3
 // aligned 256-byte blocks, read by three load instructions of the warp): 0.4-1.6% faster
 // than without it in four same-run comparisons on the H200 (2026-11-29). Record loads and
-// output stores also carry an L2 evict_first policy (each byte is touched once; 2.4% faster
-// on the H200, 2026-11-30; kEvictFirst below).
+// output stores also carry an L2 evict_first policy (each byte is touched once; 1-2.4% faster
+// in two same-run comparisons on the H200, 2026-11-30; kEvictFirst below).
 //
 // Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
 // 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
@@ -65,9 +65,10 @@ struct EntryLoads {
 // kEvictFirst: the record loads and the output stores carry an L2 evict_first policy
 // (createpolicy + .L2::cache_hint): every record is read once and every output line written
 // once, so neither should displace other lines from the L2. Measured on the H200 (same-run
-// A/B, 2026-11-30 11:41 UTC, docs/kernels-cache-index.md): 2.4% faster than no policy at
-// 1 x 49,152 and 4 x 12,288; evict_first on the loads alone or the stores alone, and
-// evict_last on the stores, were not faster. $DEEPINFER_GATHER_L2POLICY=0 turns it off.
+// A/Bs, 2026-11-30 11:41 and 11:49 UTC, docs/kernels-cache-index.md): 2.4% and 1% faster
+// than no policy at 1 x 49,152 and 4 x 12,288; evict_first on the loads alone or the stores
+// alone, and evict_last on the stores, were not faster. $DEEPINFER_GATHER_L2POLICY=0 turns
+// it off.
 template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
                                                  int lane, uint64_t pol) {
