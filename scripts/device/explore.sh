@@ -18,6 +18,7 @@
 #                 warp states, source counters, per-SASS-instruction stall samples (CSV),
 #                 then the batch-1 decode split sweep
 #   profile-prefill  Nsight Compute warp states and stall samples of the 64-head prefill
+#   profile-decode   the same for the 64-head decode at batch 128, plus per-SASS-line counters
 #   b1            batch-1 decode split sweep per forced head group (B1_HEADS, default 8 16 32)
 #   splits        decode split sweep (forced splits) for SPLIT_SWEEP=B:H[:rows],.. (default 128:8,128:32)
 #   phases        per-phase SM cycles of the attention tile loop (bench/phase_clocks.py);
@@ -26,7 +27,7 @@
 #   all           tests, bench, profile
 # Several modes in one call (one build): comma-separated, e.g. tests,cache.
 #   bash scripts/device/explore.sh [tests|bench|cache|attention|phases|profile|profile-full|
-#                                   profile-attn|profile-prefill|profile-combine|b1|splits|all][,...]
+#                                   profile-attn|profile-prefill|profile-decode|profile-combine|b1|splits|all][,...]
 set -uo pipefail
 MODE=${1:-all}
 mode() {  # mode NAME: NAME was asked for (all implies tests, bench, profile)
@@ -150,6 +151,24 @@ if mode profile-prefill; then  # the 64-head prefill's warp states (one steady-s
     $PY bench/profile_attention.py > "$OUT/ncu_prefill_stalls.txt" 2>&1 || rc=1
   grep -E "pcsamp" "$OUT/ncu_prefill_stalls.txt" | awk '$NF+0 > 0' | sort -k3 -n -r | cut -c1-120 | head -30
   echo "=== profile-prefill ($((SECONDS - t0)) s)"
+fi
+if mode profile-decode; then  # the 64-head decode at batch 128 (one steady-state launch): stalls
+  t0=$SECONDS
+  # profile_attention.py launches prefill, prefill, decode, decode: skip 3 = the second decode
+  timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
+    --launch-skip 3 --launch-count 1 --section WarpStateStats --section SchedulerStats \
+    --section InstructionStats --section SpeedOfLight --section SourceCounters \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+    -o /tmp/dec $PY bench/profile_attention.py > "$OUT/ncu_decode.log" 2>&1 || rc=1
+  ncu -i /tmp/dec.ncu-rep --page details > "$OUT/ncu_decode.txt" 2>&1
+  grep -E "^  [a-z].*\(|Duration|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per|Executed Instructions |Stall|stall|hmma|wavefronts|bank" \
+    "$OUT/ncu_decode.txt" | grep -v "^    -" | cut -c1-140 | head -50
+  ncu -i /tmp/dec.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_decode_sass.csv" 2>&1
+  timeout 200 ncu --clock-control none --kernel-name-base demangled -k "regex:sparse_mla_kernel" \
+    --launch-skip 3 --launch-count 1 --metrics regex:smsp__pcsamp_warps_issue_stalled_.*$ \
+    $PY bench/profile_attention.py > "$OUT/ncu_decode_stalls.txt" 2>&1 || rc=1
+  grep -E "pcsamp" "$OUT/ncu_decode_stalls.txt" | awk '$NF+0 > 0' | sort -k3 -n -r | cut -c1-120 | head -30
+  echo "=== profile-decode ($((SECONDS - t0)) s)"
 fi
 if mode profile-combine; then  # combine T=1536 next to a same-bytes copy, caches kept (L2-warm)
   t0=$SECONDS
