@@ -12,12 +12,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "../attention/params.h"
 #include "../attention/plan.h"
+#include "../common/env_knob.h"
 
 namespace deepinfer_sm80::attention {
 namespace {
@@ -26,13 +25,6 @@ using at::Tensor;
 
 constexpr int64_t kRecordBytes = kDataBytes + kScaleBytes;
 using plan::kMaxSplits;
-
-// A measurement knob set to "0" ($DEEPINFER_ATTN_NARROW, _PREFETCH, _PREFILL_TAIL): the
-// feature is off. Read once per process by each caller (static).
-bool knob_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr && std::strcmp(e, "0") == 0;
-}
 
 int device_smem_cap(int64_t forced) {
   int dev = 0, optin = 0;
@@ -66,10 +58,7 @@ TileConfigId choose_config(int64_t heads, bool fp8, int smem_cap) {
 TileConfigId choose_decode_config(int64_t tokens, int64_t heads, int64_t capacity, int sms,
                                   int smem_cap) {
   static const bool narrow = !knob_off("DEEPINFER_ATTN_NARROW");
-  static const int forced_heads = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_DECODE_HEADS");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
+  static const int forced_heads = knob_int("DEEPINFER_ATTN_DECODE_HEADS", 0);
   if (forced_heads > 0) {
     for (TileConfigId id : {TileConfigId::kH64, TileConfigId::kH32, TileConfigId::kH16, TileConfigId::kH8}) {
       const LaunchInfo li = plan::info(id, true);
@@ -229,8 +218,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& swa_cache, const Tensor& s
   const int64_t groups = plan::head_groups(H, li);
   int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, kMaxSplits))
                               : choose_splits(T, groups, capacity, li, sms, cap);
-  const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
-  splits = static_cast<int>(std::min<int64_t>(splits, tiles));
+  splits = static_cast<int>(std::min<int64_t>(splits, plan::tiles(capacity, li)));
   p.num_splits = std::max(1, splits);
   p.keys_per_split = plan::keys_per_split(capacity, p.num_splits, li);
 

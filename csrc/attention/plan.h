@@ -37,6 +37,11 @@ inline LaunchInfo info(TileConfigId id, bool fp8) {
   return fp8 ? info_of<CfgH8, true>() : info_of<CfgH8, false>();
 }
 
+// Key tiles of a list of `keys` keys (at least one: an empty list still runs one tile).
+inline int64_t tiles(int64_t keys, const LaunchInfo& li) {
+  return std::max<int64_t>(1, (keys + li.keys_per_tile - 1) / li.keys_per_tile);
+}
+
 // Head groups (blocks per token and split) a configuration needs for `heads` heads.
 inline int64_t head_groups(int64_t heads, const LaunchInfo& li) {
   return (heads + li.heads_per_block - 1) / li.heads_per_block;
@@ -71,9 +76,8 @@ inline TileConfigId decode_config(TileConfigId widest, int64_t tokens, int64_t h
   while (id != TileConfigId::kH8) {
     const LaunchInfo li = info(id, true);
     const int64_t groups = head_groups(heads, li);
-    const int64_t useful_splits =
-        std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
-    if (2 * tokens * groups * std::max<int64_t>(useful_splits, 1) >= sms) break;
+    const int64_t useful_splits = std::min<int64_t>(tiles(capacity, li), kMaxSplits);
+    if (2 * tokens * groups * useful_splits >= sms) break;
     id = static_cast<TileConfigId>(static_cast<int>(id) + 1);  // next narrower (kH64 -> kH32 -> ...)
   }
   return id;
@@ -91,16 +95,15 @@ inline int64_t resident_blocks(const LaunchInfo& li, int smem_cap) {
 inline int decode_splits(int64_t tokens, int64_t groups, int64_t capacity, const LaunchInfo& li,
                          int sms, int smem_cap) {
   if (tokens == 0 || capacity <= li.keys_per_tile) return 1;
-  const int64_t max_splits =
-      std::min<int64_t>((capacity + li.keys_per_tile - 1) / li.keys_per_tile, kMaxSplits);
+  const int64_t max_splits = std::min<int64_t>(tiles(capacity, li), kMaxSplits);
   const int64_t slots = sms * resident_blocks(li, smem_cap);
   const int64_t base = tokens * groups;
   double best = 1e30;
   int best_s = 1;
   for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t waves = (base * s + slots - 1) / slots;
-    const int64_t tiles = (capacity + s * li.keys_per_tile - 1) / (s * li.keys_per_tile);
-    const double cost = static_cast<double>(waves) * (tiles + 2) + (s > 1 ? 1.0 : 0.0);
+    const int64_t per_block = (capacity + s * li.keys_per_tile - 1) / (s * li.keys_per_tile);
+    const double cost = static_cast<double>(waves) * (per_block + 2) + (s > 1 ? 1.0 : 0.0);
     if (cost < best - 1e-9) {
       best = cost;
       best_s = static_cast<int>(s);
@@ -112,8 +115,7 @@ inline int decode_splits(int64_t tokens, int64_t groups, int64_t capacity, const
 // Keys per split block when a list of `capacity` keys is split `splits` ways: whole tiles,
 // the same for every split (the last split may get fewer keys).
 inline int keys_per_split(int64_t capacity, int splits, const LaunchInfo& li) {
-  const int64_t tiles = std::max<int64_t>(1, (capacity + li.keys_per_tile - 1) / li.keys_per_tile);
-  return static_cast<int>((tiles + splits - 1) / splits * li.keys_per_tile);
+  return static_cast<int>((tiles(capacity, li) + splits - 1) / splits * li.keys_per_tile);
 }
 
 // Prefill: the tokens of the last, partial wave of blocks, and their split count. A prefill

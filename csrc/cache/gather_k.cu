@@ -24,10 +24,8 @@
 // (upstream's Triton kernel).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "cache/cache_kernels.h"
+#include "common/env_knob.h"
 #include "common/fp8_e4m3.cuh"
 #include "common/kv_record.cuh"
 #include "common/ue8m0.cuh"
@@ -70,25 +68,26 @@ struct EntryLoads {
 // alone, and evict_last on the stores, were not faster. $DEEPINFER_GATHER_L2POLICY=0 turns
 // it off.
 template <bool kEvictFirst>
+__device__ __forceinline__ uint2 ld_record_v2(const void* p, uint64_t pol) {
+  if constexpr (kEvictFirst) return ld_nc_v2_pol(p, pol);
+  else return ld_nc_v2<true>(p);
+}
+template <bool kEvictFirst>
+__device__ __forceinline__ uint4 ld_record_v4(const void* p, uint64_t pol) {
+  if constexpr (kEvictFirst) return ld_nc_v4_pol(p, pol);
+  else return ld_nc_v4<true>(p);
+}
+
+template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
                                                  int lane, uint64_t pol) {
   EntryLoads e;
-  if constexpr (kEvictFirst) {
-    e.a = ld_nc_v2_pol(entry + 8 * lane, pol);
-    if (lane < 24) {
-      const uint2 t = ld_nc_v2_pol(entry + 256 + 8 * lane, pol);
-      e.b = make_uint4(t.x, t.y, 0u, 0u);
-    } else {
-      e.b = ld_nc_v4_pol(entry + kv_record::kRopeOffset + 16 * (lane - 24), pol);
-    }
+  e.a = ld_record_v2<kEvictFirst>(entry + 8 * lane, pol);
+  if (lane < 24) {
+    const uint2 t = ld_record_v2<kEvictFirst>(entry + 256 + 8 * lane, pol);
+    e.b = make_uint4(t.x, t.y, 0u, 0u);
   } else {
-    e.a = ld_nc_v2<true>(entry + 8 * lane);
-    if (lane < 24) {
-      const uint2 t = ld_nc_v2<true>(entry + 256 + 8 * lane);
-      e.b = make_uint4(t.x, t.y, 0u, 0u);
-    } else {
-      e.b = ld_nc_v4<true>(entry + kv_record::kRopeOffset + 16 * (lane - 24));
-    }
+    e.b = ld_record_v4<kEvictFirst>(entry + kv_record::kRopeOffset + 16 * (lane - 24), pol);
   }
   e.scales = ld_nc_v2(scales);
   return e;
@@ -198,8 +197,7 @@ int gather_blocks_per_sm() {
     }
     // $DEEPINFER_GATHER_BLOCKS_PER_SM (benchmark knob): fewer resident blocks per SM than
     // the occupancy limit (each warp then handles more entries)
-    const char* e = std::getenv("DEEPINFER_GATHER_BLOCKS_PER_SM");
-    const int want = e != nullptr ? std::atoi(e) : 0;
+    const int want = knob_int("DEEPINFER_GATHER_BLOCKS_PER_SM", 0);
     if (want > 0 && want < n) n = want;
     return n;
   }();
@@ -228,9 +226,8 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 //   and stores (the other variants carry none).
 int gather_variant() {
   static int v = [] {
-    const char* e = std::getenv("DEEPINFER_GATHER_INFLIGHT");
     const char* st = std::getenv("DEEPINFER_GATHER_STORE");
-    const int want = e != nullptr ? std::atoi(e) : 4;
+    const int want = knob_int("DEEPINFER_GATHER_INFLIGHT", 4);
     const int inflight = (want == 2 || want == 8) ? want : 4;
     const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
     return inflight + (cs ? 1 : 0);
@@ -239,10 +236,7 @@ int gather_variant() {
 }
 
 bool gather_l2_evict_first() {
-  static const bool on = [] {
-    const char* e = std::getenv("DEEPINFER_GATHER_L2POLICY");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = !knob_off("DEEPINFER_GATHER_L2POLICY");
   return on;
 }
 

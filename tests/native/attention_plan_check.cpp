@@ -116,6 +116,10 @@ int main() {
   CHECK(pt.tokens == 0 && pt.splits == 1);
   pt = plan::prefill_tail(5, 1, 32, p64, 132, sm80);  // one tile: nothing to split
   CHECK(pt.tokens == 0 && pt.splits == 1);
+  // key tiles of a list: at least one
+  CHECK(plan::tiles(640, p64) == 20);
+  CHECK(plan::tiles(33, p64) == 2);
+  CHECK(plan::tiles(0, p64) == 1);
   // keys per split: whole tiles, equal for every split
   CHECK(plan::keys_per_split(640, 20, p64) == 32);  // the H200 tail: one tile each
   CHECK(plan::keys_per_split(640, 10, p64) == 64);

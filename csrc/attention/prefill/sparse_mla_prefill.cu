@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Prefill: keys read as bf16 rows of the gathered workspace (cp.async into the tile).
-#include <cstdlib>
-
+#include "../../common/env_knob.h"
 #include "../launch_impl.cuh"
 
 namespace deepinfer_sm80::attention {
@@ -9,10 +8,7 @@ namespace deepinfer_sm80::attention {
 // 64 heads: two 32-head groups over shared key stages (CfgH64x2, kH64PrefillGroups);
 // $DEEPINFER_ATTN_PREFILL_GROUPS=1 (benchmark knob) runs the one-group 8-warp CfgH64 instead.
 static bool prefill_two_groups() {
-  static const bool v = [] {
-    const char* e = std::getenv("DEEPINFER_ATTN_PREFILL_GROUPS");
-    return e == nullptr || std::atoi(e) != 1;
-  }();
+  static const bool v = knob_int("DEEPINFER_ATTN_PREFILL_GROUPS", 0) != 1;
   return v;
 }
 
