@@ -55,3 +55,13 @@ def test_split_sweep_and_records_without_time(tmp_path, capsys):
 def test_no_logs_is_an_error(tmp_path, capsys):
     assert _module().main([str(tmp_path)]) == 1
     assert "no A/B timings" in capsys.readouterr().err
+
+
+def test_split_sweep_of_any_batch_keeps_splits_apart(tmp_path, capsys):
+    recs = [{"case": "decode B=8 rows=1", "heads": 64, "splits": s, "us": 16.0 + s} for s in (0, 4, 10)]
+    _log(tmp_path / "ab_base_1.log", "base", recs)
+    mod = _module()
+    mod.main([str(tmp_path), "--all-splits"])
+    out = capsys.readouterr().out
+    assert "| decode B=8 rows=1, splits 4 | 64 | base | 20 |" in out
+    assert "| decode B=8 rows=1, splits 10 | 64 | base | 26 |" in out

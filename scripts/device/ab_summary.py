@@ -8,7 +8,7 @@ median. Cases without a time (kernel lists) are skipped.
 
     python scripts/device/ab_summary.py LOGDIR [--all-splits]
 
-By default only split 0 (the planner's choice) of the batch-1 split sweeps is shown.
+By default only split 0 (the planner's choice) of the forced-split sweeps is shown.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def read(logdir: Path, all_splits: bool) -> dict[tuple, dict[str, list[tuple[int
                 continue
             if "us" not in rec or "case" not in rec:
                 continue
-            sweep = rec["case"].startswith("decode B=1 ")  # the batch-1 split sweep
+            sweep = " rows=" in rec["case"]  # a forced-split sweep (--b1, --split-sweep)
             if sweep and not all_splits and rec.get("splits", 0) != 0:
                 continue
             key = (rec["case"], rec.get("heads"), rec.get("splits") if sweep else None)
@@ -72,7 +72,7 @@ def render(table: dict[tuple, dict[str, list[tuple[int, float]]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logdir", type=Path)
-    ap.add_argument("--all-splits", action="store_true", help="every split of the batch-1 sweeps")
+    ap.add_argument("--all-splits", action="store_true", help="every split of the forced-split sweeps")
     args = ap.parse_args(argv)
     table = read(args.logdir, args.all_splits)
     if not table:
