@@ -18,6 +18,8 @@
 // Int32 arithmetic wraps like the upstream Triton kernel.
 #include <cuda_runtime.h>
 
+#include "common/env_knob.h"
+#include "common/fast_div.h"
 #include "common/vec.cuh"
 #include "index/index_kernels.h"
 
@@ -47,11 +49,36 @@ struct RowPlan {
   int32_t swa_val;  // value at column k (column c gets swa_val + (c - k))
 };
 
-template <bool kVec4>
+struct RowHeader {
+  int32_t qs, qe, seq_len, gather_len, left, right;
+};
+
+// The request header of row t in request b (b < num_reqs): every load issued at once, as asm
+// loads that nvcc keeps in place (as plain loads it sank seq_lens / gather_lens into the
+// branch on the row's range, behind the query_start_loc loads: two dependent round trips).
+__device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, int t) {
+  RowHeader h;
+  h.qs = static_cast<int32_t>(ld_nc_u32(p.query_start_loc + b));
+  h.qe = static_cast<int32_t>(ld_nc_u32(p.query_start_loc + b + 1));
+  h.seq_len = static_cast<int32_t>(ld_nc_u32(p.seq_lens + b));
+  h.gather_len = static_cast<int32_t>(ld_nc_u32(p.gather_lens + b));
+  h.left = h.right = 0;
+  if (p.image_width > 0) {
+    h.left = static_cast<int32_t>(ld_nc_u32(p.left_visible + t));
+    h.right = static_cast<int32_t>(ld_nc_u32(p.right_visible + t));
+  }
+  return h;
+}
+
+// kHeaderFirst: with one request (b = 0 without a search) the header loads go out before the
+// row's top-k loads, so the values they gate come back first; otherwise (and with more
+// requests) the top-k loads go first, the search and the header loads after them.
+template <bool kVec4, bool kHeaderFirst>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * kWarpsPerBlock;
   const int32_t q0 = p.num_reqs > 0 ? p.query_start_loc[0] : 0;
+  const bool one_req = p.num_reqs == 1;
 
   for (int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5); t < p.num_tokens; t += nwarps) {
     const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
@@ -60,45 +87,52 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // not depend on it, so their latency overlaps the header loads (one memory round trip
     // per row instead of one per step). Columns c < top_k are in bounds (host check).
     int4 held[kHeld];
-    if (kVec4) {
+    auto load_topk = [&] {
+      if (kVec4) {
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
-        const int c = (i * 32 + lane) * 4;
-        held[i] = c < p.top_k ? *reinterpret_cast<const int4*>(src + c) : make_int4(0, 0, 0, 0);
+        for (int i = 0; i < kHeld; ++i) {
+          const int c = (i * 32 + lane) * 4;
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (c < p.top_k) v = ld_nc_v4(src + c);
+          held[i] = make_int4(static_cast<int>(v.x), static_cast<int>(v.y), static_cast<int>(v.z),
+                              static_cast<int>(v.w));
+        }
       }
+    };
+    RowHeader h{0, 0, 0, 0, 0, 0};
+    int b = 0;
+    if (kHeaderFirst && one_req) {
+      h = load_header(p, 0, t);
+      load_topk();
+    } else {
+      load_topk();
+      // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
+      int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
+      }
+      b = lo;
+      if (p.num_reqs > 0) h = load_header(p, b, t);
     }
-
-    // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
-    int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
-    }
-    const int b = lo;
     RowPlan plan{0, 0, 0, 0};
     if (p.num_reqs > 0) {
-      const int qs = p.query_start_loc[b] - q0;
-      const int qe = p.query_start_loc[b + 1] - q0;
-      const int seq_len = p.seq_lens[b];
-      const int gather_len = p.gather_lens[b];
-      int left = 0, right = 0;
-      if (p.image_width > 0) {
-        left = p.left_visible[t];
-        right = p.right_visible[t];
-      }
+      const int qs = h.qs - q0;
+      const int qe = h.qe - q0;
       if (qs <= t && t < qe) {
-        const int pos = seq_len - (qe - qs) + (t - qs);
-        const int k = min((pos + 1) / p.ratio, p.top_k);
-        const int left_add = max(left - (p.window - 1), 0);
+        const int pos = h.seq_len - (qe - qs) + (t - qs);
+        // (pos + 1) / ratio: the launch's multiplier for non-negative values (every valid
+        // row), the C division otherwise
+        const int n = pos + 1;
+        const int k = min(n >= 0 ? fast_div(n, p.ratio_div) : n / p.ratio, p.top_k);
+        const int left_add = max(h.left - (p.window - 1), 0);
         const int swa_start = max(pos - (p.window - 1) - left_add, 0);
-        const int swa_len = pos + right - swa_start + 1;
-        const int loop_extent =
-            p.window > 0 ? (p.window + p.image_width + p.window - 1) / p.window * p.window : 0;
-        const int swa_store = max(min(swa_len, loop_extent), 0);
+        const int swa_len = pos + h.right - swa_start + 1;
+        const int swa_store = max(min(swa_len, p.swa_extent), 0);
         plan.k = min(max(k, 0), p.width);
         plan.swa_end = min(plan.k + swa_store, p.width);
         plan.bM = mul32(p.M, b);
-        plan.swa_val = add32(add32(plan.bM, p.N), swa_start - (seq_len - gather_len));
+        plan.swa_val = add32(add32(plan.bM, p.N), swa_start - (h.seq_len - h.gather_len));
         if (lane == 0) p.lens[t] = k + swa_len;
       }
     }
@@ -147,10 +181,13 @@ void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, kGridWarpsPerSm / kWarpsPerBlock);
+  // $DEEPINFER_COMBINE_ORDER=1 (A/B knob): top-k loads first with one request too
+  static const bool header_first = knob_int("DEEPINFER_COMBINE_ORDER", 0) != 1;
   if (p.vec4) {
-    combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    if (header_first) combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
+    else combine_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    combine_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+    combine_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }
 }
 

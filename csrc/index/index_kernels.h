@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/device_limits.h"
+#include "common/fast_div.h"
 
 namespace deepinfer_sm80 {
 
@@ -53,6 +54,8 @@ struct CombineParams {
   int image_width;                // max_image_tokens when left/right are given, else 0
   int32_t M;
   int32_t N;
+  int swa_extent;                 // W * ceil((W + image_width) / W), int32 arithmetic (host)
+  FastDivU31 ratio_div;           // make_fast_div(ratio)
   bool vec4;                      // idx and topk rows 16-byte aligned (see index.cpp)
 };
 

@@ -106,7 +106,9 @@ def _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, M, N, left=None, r
 
 
 @pytest.mark.parametrize("T,R,ratio,top_k", [(1, 1, 4, 512), (777, 3, 4, 512),
-                                             (1537, 2, 128, 384), (4099, 5, 1, 0)])
+                                             (1537, 2, 128, 384), (4099, 5, 1, 0),
+                                             (1536, 1, 4, 512), (2050, 1, 3, 512),
+                                             (900, 2, 7, 256)])
 def test_combine_bit_exact(ext, T, R, ratio, top_k):
     g = _gen()
     W = 128
