@@ -1,7 +1,8 @@
 // combine_topk_swa_indices for SM80+: the -1 fill and the index computation in one pass.
 //
-// One warp per output row t (grid-stride, grid from the SM count); the row's top-k
-// values are loaded first, overlapping the request lookup. The row's request b is
+// One warp per output row t (grid-stride, grid from the SM count); every load of a row is
+// issued before the first use of any (one memory round trip per row with one request; with
+// more, the top-k loads overlap the request lookup). The row's request b is
 // found by binary search in query_start_loc (rebased by its first element); then, with
 //   pos       = seq_len[b] - query_len[b] + (t - query_start[b])
 //   k         = min((pos + 1) / ratio, top_k)
@@ -12,13 +13,13 @@
 //   k <= c < k + swa_store : b * M + N + swa_start + (c - k) - (seq_len - gather_len)
 //   otherwise              : -1
 // where swa_store = min(swa_len, W * ceil((W + image_width) / W)) (the upstream kernel's
-// store loop extent), and lens[t] = k + swa_len. Rows outside every request are all -1
+// store loop extent, computed once on the host), and lens[t] = k + swa_len; the division by
+// ratio uses a launch-time multiplier (common/fast_div.h) for pos + 1 >= 0. Rows outside every request are all -1
 // and their lens are left as they were (as upstream). Columns >= width are never
 // written (upstream would spill into the next row; valid inputs never get there).
 // Int32 arithmetic wraps like the upstream Triton kernel.
 #include <cuda_runtime.h>
 
-#include "common/env_knob.h"
 #include "common/fast_div.h"
 #include "common/vec.cuh"
 #include "index/index_kernels.h"
@@ -73,6 +74,10 @@ __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, 
 // kHeaderFirst: with one request (b = 0 without a search) the header loads go out before the
 // row's top-k loads, so the values they gate come back first; otherwise (and with more
 // requests) the top-k loads go first, the search and the header loads after them.
+// Same-run A/B on the H200 (2026-11-30 13:58 UTC, docs/kernels-cache-index.md), T=1536, four
+// rounds: this kernel 2.87-2.89 us L2-warm / 4.04-4.06 cold; with the top-k loads first
+// (kHeaderFirst = false) 2.94-2.97 / 4.17-4.22; the kernel before (header loads in two
+// dependent round trips, two run-time divisions) 2.98-3.02 / 4.24-4.28.
 template <bool kVec4, bool kHeaderFirst>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
@@ -181,11 +186,8 @@ void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, kGridWarpsPerSm / kWarpsPerBlock);
-  // $DEEPINFER_COMBINE_ORDER=1 (A/B knob): top-k loads first with one request too
-  static const bool header_first = knob_int("DEEPINFER_COMBINE_ORDER", 0) != 1;
   if (p.vec4) {
-    if (header_first) combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
-    else combine_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
+    combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
     combine_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }
