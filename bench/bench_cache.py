@@ -57,6 +57,7 @@ HEAD = 512
 C4_BLOCK = 64  # compressed entries per 256-token page at ratio 4
 GATHER_CASES = [(1, 49152), (4, 12288), (16, 2048)]  # (requests, entries per request)
 COMBINE_CASES = [(1536, 1), (8192, 4), (16384, 1)]  # (query tokens, requests)
+ALL_SHAPES = False  # --all-shapes: --quick keeps every shape
 TOPK, WINDOW, RATIO, PREFIX = 512, 128, 4, 4096
 WIDTH = -(-(TOPK + WINDOW) // 128) * 128
 
@@ -256,7 +257,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
 def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
     order = [k for k in impls.gather if k.startswith("ours")] + \
         [k for k in ("upstream", "portable") if k in impls.gather]
-    for reqs, n in GATHER_CASES[:2] if quick else GATHER_CASES:
+    for reqs, n in GATHER_CASES[:2] if quick and not ALL_SHAPES else GATHER_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = reqs * n * (ENTRY_BYTES + 2 * HEAD)
         nsets = common.rotation_count(per_set, max_sets=4)
@@ -346,7 +347,7 @@ def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float)
 def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
     order = [k for k in impls.combine if k.startswith("ours")] + \
         [k for k in ("upstream",) if k in impls.combine]
-    for tokens, reqs in COMBINE_CASES[:1] if quick else COMBINE_CASES:
+    for tokens, reqs in COMBINE_CASES[:1] if quick and not ALL_SHAPES else COMBINE_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = tokens * (TOPK * 4 + WIDTH * 4 + 4)
         nsets = common.rotation_count(per_set)
@@ -416,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="gather 1 x 49,152 and 4 x 12,288, combine T=1536 only, 10 replays")
     ap.add_argument("--only", choices=("gather", "combine"), help="one kernel's cases only")
+    ap.add_argument("--all-shapes", action="store_true",
+                    help="with --quick: every shape (still the quick replay counts)")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
     ap.add_argument("--sm-count", type=int, default=108,
                     help="also time our kernels with the grid sized for this SM count "
@@ -423,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ours-only", action="store_true",
                     help="time only our kernels (variant sweeps); no upstream/portable baselines")
     args = ap.parse_args(argv)
+    global ALL_SHAPES
+    ALL_SHAPES = args.all_shapes
     common.require_cuda()
     impls = Impls(args.tree, args.sm_count, baselines=not args.ours_only)
     report = common.Report(

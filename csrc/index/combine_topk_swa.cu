@@ -20,6 +20,7 @@
 // Int32 arithmetic wraps like the upstream Triton kernel.
 #include <cuda_runtime.h>
 
+#include "common/env_knob.h"
 #include "common/fast_div.h"
 #include "common/vec.cuh"
 #include "index/index_kernels.h"
@@ -70,15 +71,28 @@ __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, 
   }
   return h;
 }
+__device__ __forceinline__ RowHeader load_header_plain(const CombineParams& p, int b, int t) {
+  RowHeader h;
+  h.qs = p.query_start_loc[b];
+  h.qe = p.query_start_loc[b + 1];
+  h.seq_len = p.seq_lens[b];
+  h.gather_len = p.gather_lens[b];
+  h.left = h.right = 0;
+  if (p.image_width > 0) {
+    h.left = p.left_visible[t];
+    h.right = p.right_visible[t];
+  }
+  return h;
+}
 
 // kHeaderFirst: with one request (b = 0 without a search) the header loads go out before the
 // row's top-k loads, so the values they gate come back first; otherwise (and with more
 // requests) the top-k loads go first, the search and the header loads after them.
-// Same-run A/B on the H200 (2026-11-30 13:58 UTC, docs/kernels-cache-index.md), T=1536, four
+// Same-run A/B on the H200 (2026-11-30 13:34 UTC, docs/kernels-cache-index.md), T=1536, four
 // rounds: this kernel 2.87-2.89 us L2-warm / 4.04-4.06 cold; with the top-k loads first
 // (kHeaderFirst = false) 2.94-2.97 / 4.17-4.22; the kernel before (header loads in two
 // dependent round trips, two run-time divisions) 2.98-3.02 / 4.24-4.28.
-template <bool kVec4, bool kHeaderFirst>
+template <bool kVec4, bool kHeaderFirst, int kMulti = 0>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * kWarpsPerBlock;
@@ -92,13 +106,13 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // not depend on it, so their latency overlaps the header loads (one memory round trip
     // per row instead of one per step). Columns c < top_k are in bounds (host check).
     int4 held[kHeld];
-    auto load_topk = [&] {
+    auto load_topk = [&](bool nc) {
       if (kVec4) {
 #pragma unroll
         for (int i = 0; i < kHeld; ++i) {
           const int c = (i * 32 + lane) * 4;
           uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (c < p.top_k) v = ld_nc_v4(src + c);
+          if (c < p.top_k) v = nc ? ld_nc_v4(src + c) : *reinterpret_cast<const uint4*>(src + c);
           held[i] = make_int4(static_cast<int>(v.x), static_cast<int>(v.y), static_cast<int>(v.z),
                               static_cast<int>(v.w));
         }
@@ -108,9 +122,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     int b = 0;
     if (kHeaderFirst && one_req) {
       h = load_header(p, 0, t);
-      load_topk();
+      load_topk(true);
     } else {
-      load_topk();
+      load_topk(kMulti == 0);
       // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
       int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
       while (hi - lo > 1) {
@@ -118,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
         if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
       }
       b = lo;
-      if (p.num_reqs > 0) h = load_header(p, b, t);
+      if (p.num_reqs > 0) h = kMulti == 2 ? load_header_plain(p, b, t) : load_header(p, b, t);
     }
     RowPlan plan{0, 0, 0, 0};
     if (p.num_reqs > 0) {
@@ -186,8 +200,11 @@ void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, kGridWarpsPerSm / kWarpsPerBlock);
+  static const int multi = knob_int("DEEPINFER_COMBINE_MULTI", 0);  // temporary A/B knob
   if (p.vec4) {
-    combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
+    if (multi == 1) combine_kernel<true, true, 1><<<blocks, kThreads, 0, stream>>>(p);
+    else if (multi == 2) combine_kernel<true, true, 2><<<blocks, kThreads, 0, stream>>>(p);
+    else combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
     combine_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }

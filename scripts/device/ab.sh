@@ -16,7 +16,8 @@
 # AB_SMEM_CAP: the attention cases' shared-memory cap (default 166912, SM80; 101376: SM86).
 # AB_BENCH=cache: instead, the cache/index GPU tests and bench/bench_cache.py --ours-only
 # --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
-# or combine: that kernel only) for base, new and AB_ENVS; AB_BASELINES=1: then once more for
+# or combine: that kernel only; AB_CACHE_ARGS: more bench_cache.py arguments, e.g. --all-shapes)
+# for base, new and AB_ENVS; AB_BASELINES=1: then once more for
 # the new build with upstream's and the portable Triton baselines.
 set -uo pipefail
 if [ "${1:-}" = --pack ]; then
@@ -56,7 +57,7 @@ if [ "${AB_BENCH:-attention}" = cache ]; then
     for v in base new ${AB_ENVS:-}; do
       ab_variant "$v"
       env DEEPINFER_SM80_EXT=$so $envs timeout 150 $PY bench/bench_cache.py --no-doc --ours-only --quick \
-        ${AB_ONLY:+--only $AB_ONLY} \
+        ${AB_ONLY:+--only $AB_ONLY} ${AB_CACHE_ARGS:-} \
         > "$OUT/ab_cache_${name}_$r.log" 2>&1 || rc=1
       echo "--- $name round $r"; grep -E "^(gather|combine) |FAIL" "$OUT/ab_cache_${name}_$r.log" | head -12
     done
