@@ -123,15 +123,6 @@ void combine_topk_swa_indices(at::Tensor& idx, at::Tensor& lens, const at::Tenso
   p.image_width = has_image ? static_cast<int>(max_image_tokens) : 0;
   p.M = static_cast<int32_t>(M);
   p.N = static_cast<int32_t>(N);
-  // The upstream kernel's store-loop extent, W * ceil((W + image_width) / W), once per launch
-  // in the kernel's int32 arithmetic (wrapping adds and multiply; W >= 1)
-  {
-    const uint32_t W = static_cast<uint32_t>(p.window);
-    const int32_t num = static_cast<int32_t>(W + static_cast<uint32_t>(p.image_width) + W - 1u);
-    const int32_t q = num / p.window;
-    p.swa_extent = static_cast<int32_t>(static_cast<uint32_t>(q) * W);
-  }
-  p.ratio_div = make_fast_div(p.ratio);
   p.vec4 = rows_vec4(idx) && (topk == 0 || rows_vec4(topk_indices));
   launch_combine_topk_swa(p, api::limits(dev.index(), sm_count), api::stream());
   api::check_launch();

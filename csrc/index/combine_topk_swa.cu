@@ -1,9 +1,10 @@
 // combine_topk_swa_indices for SM80+: the -1 fill and the index computation in one pass.
 //
-// One warp per output row t (grid-stride, grid from the SM count); every load of a row is
-// issued before the first use of any (one memory round trip per row with one request; with
-// more, the top-k loads overlap the request lookup). The row's request b is
-// found by binary search in query_start_loc (rebased by its first element); then, with
+// One warp per output row t (grid-stride, grid from the SM count). With one request (b = 0,
+// a kernel of its own) every load of a row is issued before the first use of any: the header
+// loads, then the top-k loads (one memory round trip per row). With more, the top-k loads go
+// first, and the row's request b is found by binary search in query_start_loc (rebased by
+// its first element); then, with
 //   pos       = seq_len[b] - query_len[b] + (t - query_start[b])
 //   k         = min((pos + 1) / ratio, top_k)
 //   swa_start = max(pos - (W - 1) - max(left - (W - 1), 0), 0)
@@ -13,14 +14,14 @@
 //   k <= c < k + swa_store : b * M + N + swa_start + (c - k) - (seq_len - gather_len)
 //   otherwise              : -1
 // where swa_store = min(swa_len, W * ceil((W + image_width) / W)) (the upstream kernel's
-// store loop extent, computed once on the host), and lens[t] = k + swa_len; the division by
-// ratio uses a launch-time multiplier (common/fast_div.h) for pos + 1 >= 0. Rows outside every request are all -1
+// store loop extent), and lens[t] = k + swa_len. (The one-request kernel takes that extent
+// from the host and divides by ratio with a launch-time multiplier, common/fast_div.h, for
+// pos + 1 >= 0.) Rows outside every request are all -1
 // and their lens are left as they were (as upstream). Columns >= width are never
 // written (upstream would spill into the next row; valid inputs never get there).
 // Int32 arithmetic wraps like the upstream Triton kernel.
 #include <cuda_runtime.h>
 
-#include "common/env_knob.h"
 #include "common/fast_div.h"
 #include "common/vec.cuh"
 #include "index/index_kernels.h"
@@ -51,13 +52,12 @@ struct RowPlan {
   int32_t swa_val;  // value at column k (column c gets swa_val + (c - k))
 };
 
+// The request header of row t in request b: every load issued at once, as asm loads that
+// nvcc keeps in place (as plain loads it sinks seq_lens / gather_lens into the branch on the
+// row's range, behind the query_start_loc loads: two dependent round trips).
 struct RowHeader {
   int32_t qs, qe, seq_len, gather_len, left, right;
 };
-
-// The request header of row t in request b (b < num_reqs): every load issued at once, as asm
-// loads that nvcc keeps in place (as plain loads it sank seq_lens / gather_lens into the
-// branch on the row's range, behind the query_start_loc loads: two dependent round trips).
 __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, int t) {
   RowHeader h;
   h.qs = static_cast<int32_t>(ld_nc_u32(p.query_start_loc + b));
@@ -71,33 +71,13 @@ __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, 
   }
   return h;
 }
-__device__ __forceinline__ RowHeader load_header_plain(const CombineParams& p, int b, int t) {
-  RowHeader h;
-  h.qs = p.query_start_loc[b];
-  h.qe = p.query_start_loc[b + 1];
-  h.seq_len = p.seq_lens[b];
-  h.gather_len = p.gather_lens[b];
-  h.left = h.right = 0;
-  if (p.image_width > 0) {
-    h.left = p.left_visible[t];
-    h.right = p.right_visible[t];
-  }
-  return h;
-}
 
-// kHeaderFirst: with one request (b = 0 without a search) the header loads go out before the
-// row's top-k loads, so the values they gate come back first; otherwise (and with more
-// requests) the top-k loads go first, the search and the header loads after them.
-// Same-run A/B on the H200 (2026-11-30 13:34 UTC, docs/kernels-cache-index.md), T=1536, four
-// rounds: this kernel 2.87-2.89 us L2-warm / 4.04-4.06 cold; with the top-k loads first
-// (kHeaderFirst = false) 2.94-2.97 / 4.17-4.22; the kernel before (header loads in two
-// dependent round trips, two run-time divisions) 2.98-3.02 / 4.24-4.28.
-template <bool kVec4, bool kHeaderFirst, int kMulti = 0>
+
+template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * kWarpsPerBlock;
   const int32_t q0 = p.num_reqs > 0 ? p.query_start_loc[0] : 0;
-  const bool one_req = p.num_reqs == 1;
 
   for (int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5); t < p.num_tokens; t += nwarps) {
     const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
@@ -106,54 +86,130 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
     // not depend on it, so their latency overlaps the header loads (one memory round trip
     // per row instead of one per step). Columns c < top_k are in bounds (host check).
     int4 held[kHeld];
-    auto load_topk = [&](bool nc) {
-      if (kVec4) {
+    if (kVec4) {
 #pragma unroll
-        for (int i = 0; i < kHeld; ++i) {
-          const int c = (i * 32 + lane) * 4;
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (c < p.top_k) v = nc ? ld_nc_v4(src + c) : *reinterpret_cast<const uint4*>(src + c);
-          held[i] = make_int4(static_cast<int>(v.x), static_cast<int>(v.y), static_cast<int>(v.z),
-                              static_cast<int>(v.w));
-        }
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        held[i] = c < p.top_k ? *reinterpret_cast<const int4*>(src + c) : make_int4(0, 0, 0, 0);
       }
-    };
-    RowHeader h{0, 0, 0, 0, 0, 0};
-    int b = 0;
-    if (kHeaderFirst && one_req) {
-      h = load_header(p, 0, t);
-      load_topk(true);
-    } else {
-      load_topk(kMulti == 0);
-      // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
-      int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
-      }
-      b = lo;
-      if (p.num_reqs > 0) h = kMulti == 2 ? load_header_plain(p, b, t) : load_header(p, b, t);
     }
+
+    // Request of row t: largest b with qsl[b] - q0 <= t, and t < qsl[b + 1] - q0.
+    int lo = 0, hi = p.num_reqs;  // invariant: qsl[lo] - q0 <= t (for lo = 0: q0 - q0 = 0)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (p.query_start_loc[mid] - q0 <= t) lo = mid; else hi = mid;
+    }
+    const int b = lo;
     RowPlan plan{0, 0, 0, 0};
     if (p.num_reqs > 0) {
-      const int qs = h.qs - q0;
-      const int qe = h.qe - q0;
+      const int qs = p.query_start_loc[b] - q0;
+      const int qe = p.query_start_loc[b + 1] - q0;
+      const int seq_len = p.seq_lens[b];
+      const int gather_len = p.gather_lens[b];
+      int left = 0, right = 0;
+      if (p.image_width > 0) {
+        left = p.left_visible[t];
+        right = p.right_visible[t];
+      }
       if (qs <= t && t < qe) {
-        const int pos = h.seq_len - (qe - qs) + (t - qs);
-        // (pos + 1) / ratio: the launch's multiplier for non-negative values (every valid
-        // row), the C division otherwise
-        const int n = pos + 1;
-        const int k = min(n >= 0 ? fast_div(n, p.ratio_div) : n / p.ratio, p.top_k);
-        const int left_add = max(h.left - (p.window - 1), 0);
+        const int pos = seq_len - (qe - qs) + (t - qs);
+        const int k = min((pos + 1) / p.ratio, p.top_k);
+        const int left_add = max(left - (p.window - 1), 0);
         const int swa_start = max(pos - (p.window - 1) - left_add, 0);
-        const int swa_len = pos + h.right - swa_start + 1;
-        const int swa_store = max(min(swa_len, p.swa_extent), 0);
+        const int swa_len = pos + right - swa_start + 1;
+        const int loop_extent =
+            p.window > 0 ? (p.window + p.image_width + p.window - 1) / p.window * p.window : 0;
+        const int swa_store = max(min(swa_len, loop_extent), 0);
         plan.k = min(max(k, 0), p.width);
         plan.swa_end = min(plan.k + swa_store, p.width);
         plan.bM = mul32(p.M, b);
-        plan.swa_val = add32(add32(plan.bM, p.N), swa_start - (h.seq_len - h.gather_len));
+        plan.swa_val = add32(add32(plan.bM, p.N), swa_start - (seq_len - gather_len));
         if (lane == 0) p.lens[t] = k + swa_len;
       }
+    }
+    auto value = [&](int c, int32_t topk_val) -> int32_t {
+      if (c < plan.k) return add32(topk_val, plan.bM);
+      if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
+      return -1;
+    };
+    if (kVec4) {
+      // Chunks past the top-k part need no top-k value: store them first, while the
+      // top-k loads may still be in flight; then the chunks that use them.
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        if (c < p.width && c >= plan.k) {
+          *reinterpret_cast<int4*>(dst + c) =
+              make_int4(value(c, 0), value(c + 1, 0), value(c + 2, 0), value(c + 3, 0));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        const int c = (i * 32 + lane) * 4;
+        if (c < p.width && c < plan.k) {
+          const int4 tv = held[i];
+          *reinterpret_cast<int4*>(dst + c) = make_int4(
+              value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z), value(c + 3, tv.w));
+        }
+      }
+      for (int c = kHeld * 128 + lane * 4; c < p.width; c += 128) {  // wide rows only
+        int4 tv = make_int4(0, 0, 0, 0);
+        if (c < plan.k) tv = *reinterpret_cast<const int4*>(src + c);
+        *reinterpret_cast<int4*>(dst + c) = make_int4(value(c, tv.x), value(c + 1, tv.y),
+                                                      value(c + 2, tv.z), value(c + 3, tv.w));
+      }
+    } else {
+      for (int c = lane; c < p.width; c += 32) {
+        dst[c] = value(c, c < plan.k ? src[c] : 0);
+      }
+    }
+  }
+}
+
+// One request (num_reqs == 1; 16-byte rows): b = 0 without a search, the header loads go out
+// ahead of the top-k loads and come back with them (one round trip per row), the division by
+// ratio uses the launch's multiplier and the store extent comes from the host. The rest is
+// combine_kernel's, line for line (kept apart so that combine_kernel's SASS stays as measured).
+// Same-run A/Bs on the H200 (2026-11-30, docs/kernels-cache-index.md): T=1536 2.87-2.90 us
+// L2-warm / 3.98-4.06 cold against 2.98-3.02 / 4.21-4.28, T=16384 21.4 against 22.1 us. The
+// same order in the one kernel for every request count made T=8192 with 4 requests 4-5%
+// slower L2-warm (13:41 UTC), so launches with more requests keep combine_kernel.
+__global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const CombineParams p,
+                                                                   const CombineOneReqParams x) {
+  constexpr bool kVec4 = true;
+  const int lane = threadIdx.x & 31;
+  const int nwarps = gridDim.x * kWarpsPerBlock;
+
+  for (int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5); t < p.num_tokens; t += nwarps) {
+    const int32_t* src = p.topk + static_cast<int64_t>(t) * p.topk_stride0;
+    int32_t* dst = p.idx + static_cast<int64_t>(t) * p.idx_stride0;
+    // b = 0, and query_start_loc[0] = q0: the row's range is [0, qe - q0). The header loads
+    // go out first, then the first kHeld * 128 top-k columns (in bounds: host check).
+    const RowHeader h = load_header(p, 0, t);
+    int4 held[kHeld];
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int c = (i * 32 + lane) * 4;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (c < p.top_k) v = ld_nc_v4(src + c);
+      held[i] = make_int4(static_cast<int>(v.x), static_cast<int>(v.y), static_cast<int>(v.z),
+                          static_cast<int>(v.w));
+    }
+    RowPlan plan{0, 0, 0, 0};
+    const int qe = h.qe - h.qs;
+    if (t < qe) {
+      const int pos = h.seq_len - qe + t;
+      const int n = pos + 1;  // (pos + 1) / ratio: the multiplier for n >= 0 (every valid row)
+      const int k = min(n >= 0 ? fast_div(n, x.ratio_div) : n / p.ratio, p.top_k);
+      const int left_add = max(h.left - (p.window - 1), 0);
+      const int swa_start = max(pos - (p.window - 1) - left_add, 0);
+      const int swa_len = pos + h.right - swa_start + 1;
+      const int swa_store = max(min(swa_len, x.swa_extent), 0);
+      plan.k = min(max(k, 0), p.width);
+      plan.swa_end = min(plan.k + swa_store, p.width);
+      plan.swa_val = add32(p.N, swa_start - (h.seq_len - h.gather_len));  // b * M = 0
+      if (lane == 0) p.lens[t] = k + swa_len;
     }
     auto value = [&](int c, int32_t topk_val) -> int32_t {
       if (c < plan.k) return add32(topk_val, plan.bM);
@@ -200,13 +256,19 @@ void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
                              cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const int blocks = lim.grid_blocks(p.num_tokens, kWarpsPerBlock, kGridWarpsPerSm / kWarpsPerBlock);
-  static const int multi = knob_int("DEEPINFER_COMBINE_MULTI", 0);  // temporary A/B knob
-  if (p.vec4) {
-    if (multi == 1) combine_kernel<true, true, 1><<<blocks, kThreads, 0, stream>>>(p);
-    else if (multi == 2) combine_kernel<true, true, 2><<<blocks, kThreads, 0, stream>>>(p);
-    else combine_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.vec4 && p.num_reqs == 1) {
+    // The upstream kernel's store-loop extent, W * ceil((W + image_width) / W), in the
+    // kernel's int32 arithmetic (wrapping adds and multiply; W >= 1 by the host check)
+    CombineOneReqParams x;
+    const uint32_t W = static_cast<uint32_t>(p.window);
+    const int32_t num = static_cast<int32_t>(W + static_cast<uint32_t>(p.image_width) + W - 1u);
+    x.swa_extent = static_cast<int32_t>(static_cast<uint32_t>(num / p.window) * W);
+    x.ratio_div = make_fast_div(p.ratio);
+    combine_one_req_kernel<<<blocks, kThreads, 0, stream>>>(p, x);
+  } else if (p.vec4) {
+    combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    combine_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
+    combine_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
   }
 }
 

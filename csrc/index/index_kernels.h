@@ -54,9 +54,15 @@ struct CombineParams {
   int image_width;                // max_image_tokens when left/right are given, else 0
   int32_t M;
   int32_t N;
-  int swa_extent;                 // W * ceil((W + image_width) / W), int32 arithmetic (host)
-  FastDivU31 ratio_div;           // make_fast_div(ratio)
   bool vec4;                      // idx and topk rows 16-byte aligned (see index.cpp)
+};
+
+// What the one-request combine kernel takes from the host, once per launch (a second kernel
+// argument, so that CombineParams, and the SASS of the kernel for more requests, stay as
+// measured).
+struct CombineOneReqParams {
+  int swa_extent;                 // W * ceil((W + image_width) / W), int32 arithmetic
+  FastDivU31 ratio_div;           // make_fast_div(ratio)
 };
 
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);
