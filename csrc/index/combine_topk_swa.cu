@@ -171,10 +171,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 // ahead of the top-k loads and come back with them (one round trip per row), the division by
 // ratio uses the launch's multiplier and the store extent comes from the host. The rest is
 // combine_kernel's, line for line (kept apart so that combine_kernel's SASS stays as measured).
-// Same-run A/Bs on the H200 (2026-11-30, docs/kernels-cache-index.md): T=1536 2.87-2.90 us
-// L2-warm / 3.98-4.06 cold against 2.98-3.02 / 4.21-4.28, T=16384 21.4 against 22.1 us. The
-// same order in the one kernel for every request count made T=8192 with 4 requests 4-5%
-// slower L2-warm (13:41 UTC), so launches with more requests keep combine_kernel.
+// Same-run A/B on the H200 (2026-11-30 13:49 UTC, docs/kernels-cache-index.md), three rounds:
+// T=1536 2.82-2.86 us L2-warm / 4.06-4.08 cold against 3.00-3.02 / 4.17-4.20 for
+// combine_kernel, T=16384 21.44-21.48 against 21.94-22.02 us. The same order in the one
+// kernel for every request count made T=8192 with 4 requests 4-5% slower L2-warm (13:41
+// UTC), so launches with more requests keep combine_kernel.
 __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const CombineParams p,
                                                                    const CombineOneReqParams x) {
   constexpr bool kVec4 = true;
