@@ -4,14 +4,11 @@ counts), compiled with nvcc and run on the CPU: tests/native/attention_plan_chec
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from deepinfer.build import find_nvcc
+from native_check import run_native_check
 
-ROOT = Path(__file__).resolve().parents[1]
 NVCC = find_nvcc()
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (the check compiles csrc/attention/plan.h)")
@@ -19,11 +16,4 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (the check 
 
 @needs_nvcc
 def test_attention_plan_host_checks(tmp_path):
-    exe = tmp_path / "plan_check"
-    src = ROOT / "tests" / "native" / "attention_plan_check.cpp"
-    res = subprocess.run([str(NVCC), "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", str(src), "-o", str(exe)],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.startswith("OK"), run.stdout + run.stderr
-    assert int(run.stdout.split()[1]) >= 35
+    assert run_native_check(NVCC, "attention_plan_check.cpp", tmp_path, opt="-O1", timeout=60) >= 35

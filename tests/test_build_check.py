@@ -7,15 +7,14 @@
   the software path of __nv_cvt_float_to_fp8 from cuda_fp8.hpp over a stride of all 2^32
   float bit patterns (needs nvcc).
 """
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from deepinfer import build as B
 from deepinfer.console import DeepinferError
+from native_check import run_native_check
 
-ROOT = Path(__file__).resolve().parents[1]
 NVCC = B.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit absent)")
 
@@ -102,11 +101,4 @@ def test_build_check_real_sources_no_spills():
 
 @needs_nvcc
 def test_fp8_codecs_match_cuda_fp8_host_path(tmp_path):
-    exe = tmp_path / "fp8chk"
-    src = ROOT / "tests" / "native" / "fp8_codec_check.cu"
-    res = subprocess.run([str(NVCC), "-std=c++17", "-O2", f"-I{ROOT / 'csrc'}", str(src),
-                          "-o", str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    run = subprocess.run([str(exe), "997"], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0 and run.stdout.startswith("OK"), run.stdout + run.stderr
-    assert int(run.stdout.split()[1]) > 4_000_000
+    assert run_native_check(NVCC, "fp8_codec_check.cu", tmp_path, "997", timeout=600) > 4_000_000

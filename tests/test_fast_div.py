@@ -5,24 +5,14 @@ divisor up to 4096 on edge ranges, random pairs)."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from deepinfer.build import find_nvcc
+from native_check import run_native_check
 
-ROOT = Path(__file__).resolve().parents[1]
 NVCC = find_nvcc()
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (the check compiles csrc/common/fast_div.h)")
 def test_fast_div_matches_c_division(tmp_path):
-    exe = tmp_path / "fast_div_check"
-    src = ROOT / "tests" / "native" / "fast_div_check.cpp"
-    res = subprocess.run([str(NVCC), "-std=c++17", "-O2", f"-I{ROOT / 'csrc'}", str(src), "-o", str(exe)],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.startswith("OK"), run.stdout + run.stderr
-    assert int(run.stdout.split()[1]) > 6 * 2**31
+    assert run_native_check(NVCC, "fast_div_check.cpp", tmp_path) > 6 * 2**31

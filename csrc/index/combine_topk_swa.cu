@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 // One request (num_reqs == 1; 16-byte rows): b = 0 without a search, the header loads go out
 // ahead of the top-k loads and come back with them (one round trip per row), the division by
 // ratio uses the launch's multiplier and the store extent comes from the host. The rest is
-// combine_kernel's, line for line (kept apart so that combine_kernel's SASS stays as measured).
+// combine_kernel's, line for line: kept apart so that combine_kernel's SASS stays as measured
+// (a shared __forceinline__ store function changed the SASS of both kernels, 2026-11-30).
 // Same-run A/B on the H200 (2026-11-30 13:49 UTC, docs/kernels-cache-index.md), three rounds:
 // T=1536 2.82-2.86 us L2-warm / 4.06-4.08 cold against 3.00-3.02 / 4.17-4.20 for
 // combine_kernel, T=16384 21.44-21.48 against 21.94-22.02 us. The same order in the one
