@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
 }
 
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
-__global__ void __launch_bounds__(kThreads, kInFlight <= 4 ? 4 : 1)
+__global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
   uint64_t pol = 0;
@@ -138,19 +138,10 @@ gather_k_kernel(const GatherKParams p) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
 
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  // The first batch's block-table entries are loaded with the lengths, on the guess that the
-  // whole sequence is gathered (start = 0, gather_lens absent or equal to seq_lens): entry
-  // i0 = warp + lane * nwarps then lies in block column i0 / block_size. In bounds whatever
-  // the guess (column < max_blocks); used only when start turns out 0, reloaded otherwise.
-  // Saves one dependent round trip before a warp's first record loads.
-  const int64_t blk0 = (warp + static_cast<int64_t>(lane) * nwarps) / p.block_size;
-  const int seq_len = static_cast<int>(ld_nc_u32(p.seq_lens + r));
-  const int gather_len =
-      p.gather_lens != nullptr ? static_cast<int>(ld_nc_u32(p.gather_lens + r)) : seq_len;
-  int32_t phys0 = -1;
-  if (blk0 < p.max_blocks) phys0 = static_cast<int32_t>(ld_nc_u32(bt_row + blk0 * p.bt_stride1));
+  const int seq_len = p.seq_lens[r];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
   const int start = seq_len - gather_len;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
   uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
 
   // Batches of up to 32 entries per warp: entry i_k = base + k * nwarps, k < 32.
@@ -164,7 +155,7 @@ gather_k_kernel(const GatherKParams p) {
       const int64_t pos = start + i;
       const int64_t blk = pos / p.block_size;
       if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-        const int64_t phys = (base == warp && start == 0) ? phys0 : bt_row[blk * p.bt_stride1];
+        const int64_t phys = bt_row[blk * p.bt_stride1];
         if (phys >= 0 && phys < p.num_blocks) {
           packed = (phys << 16) | (pos - blk * p.block_size);
         }
