@@ -124,9 +124,10 @@ def test_combine_bit_exact(ext, T, R, ratio, top_k):
     _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, 40000, 20000, g=g, use_out=False)
 
 
-def test_combine_image_visibility(ext):
+@pytest.mark.parametrize("R", [3, 1])  # 1: the one-request kernel
+def test_combine_image_visibility(ext, R):
     g = _gen()
-    T, R, W, img = 1000, 3, 128, 576
+    T, W, img = 1000, 128, 576
     qsl, seq, qlen = _requests(T, R, g)
     gat = torch.minimum(qlen.to(torch.int32) + W - 1 + img, seq)
     topk = _i32(T, 512, lo=0, hi=2**16, g=g)
