@@ -57,7 +57,6 @@ HEAD = 512
 C4_BLOCK = 64  # compressed entries per 256-token page at ratio 4
 GATHER_CASES = [(1, 49152), (4, 12288), (16, 2048)]  # (requests, entries per request)
 COMBINE_CASES = [(1536, 1), (8192, 4), (16384, 1)]  # (query tokens, requests)
-ALL_SHAPES = False  # --all-shapes: --quick keeps every shape
 TOPK, WINDOW, RATIO, PREFIX = 512, 128, 4, 4096
 WIDTH = -(-(TOPK + WINDOW) // 128) * 128
 
@@ -254,10 +253,11 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
 
 
 # ---------------------------------------------------------------- benchmarks -------------
-def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
+def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool,
+                 all_shapes: bool = False) -> None:
     order = [k for k in impls.gather if k.startswith("ours")] + \
         [k for k in ("upstream", "portable") if k in impls.gather]
-    for reqs, n in GATHER_CASES[:2] if quick and not ALL_SHAPES else GATHER_CASES:
+    for reqs, n in GATHER_CASES[:2] if quick and not all_shapes else GATHER_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = reqs * n * (ENTRY_BYTES + 2 * HEAD)
         nsets = common.rotation_count(per_set, max_sets=4)
@@ -344,10 +344,11 @@ def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float)
                   f"copy, 9:16 read:write mix ({how}; bytes within 0.1%)", moved, tc, copy_gbps)
 
 
-def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool) -> None:
+def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool,
+                  all_shapes: bool = False) -> None:
     order = [k for k in impls.combine if k.startswith("ours")] + \
         [k for k in ("upstream",) if k in impls.combine]
-    for tokens, reqs in COMBINE_CASES[:1] if quick and not ALL_SHAPES else COMBINE_CASES:
+    for tokens, reqs in COMBINE_CASES[:1] if quick and not all_shapes else COMBINE_CASES:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = tokens * (TOPK * 4 + WIDTH * 4 + 4)
         nsets = common.rotation_count(per_set)
@@ -426,8 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ours-only", action="store_true",
                     help="time only our kernels (variant sweeps); no upstream/portable baselines")
     args = ap.parse_args(argv)
-    global ALL_SHAPES
-    ALL_SHAPES = args.all_shapes
     common.require_cuda()
     impls = Impls(args.tree, args.sm_count, baselines=not args.ours_only)
     report = common.Report(
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and fn.__name__ != f"bench_{args.only}":
             continue
         try:
-            fn(report, impls, copy_gbps, args.quick)
+            fn(report, impls, copy_gbps, args.quick, args.all_shapes)
         except Exception as e:
             traceback.print_exc()
             report.check(f"{fn.__name__} completed", False, repr(e)[:300])

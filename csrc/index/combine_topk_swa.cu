@@ -169,9 +169,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 
 // One request (num_reqs == 1; 16-byte rows): b = 0 without a search, the header loads go out
 // ahead of the top-k loads and come back with them (one round trip per row), the division by
-// ratio uses the launch's multiplier and the store extent comes from the host. The rest is
-// combine_kernel's, line for line: kept apart so that combine_kernel's SASS stays as measured
-// (a shared __forceinline__ store function changed the SASS of both kernels, 2026-11-30).
+// ratio uses the launch's multiplier and the store extent comes from the host. The stores
+// are combine_kernel's 16-byte path, line for line: kept apart so that combine_kernel's SASS
+// stays as measured (a shared __forceinline__ store function changed the SASS of both
+// kernels, 2026-11-30).
 // Same-run A/B on the H200 (2026-11-30 13:49 UTC, docs/kernels-cache-index.md), three rounds:
 // T=1536 2.82-2.86 us L2-warm / 4.06-4.08 cold against 3.00-3.02 / 4.17-4.20 for
 // combine_kernel, T=16384 21.44-21.48 against 21.94-22.02 us. The same order in the one
@@ -179,7 +180,6 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 // UTC), so launches with more requests keep combine_kernel.
 __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const CombineParams p,
                                                                    const CombineOneReqParams x) {
-  constexpr bool kVec4 = true;
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * kWarpsPerBlock;
 
@@ -218,36 +218,30 @@ __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const Combine
       if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
       return -1;
     };
-    if (kVec4) {
-      // Chunks past the top-k part need no top-k value: store them first, while the
-      // top-k loads may still be in flight; then the chunks that use them.
+    // Chunks past the top-k part need no top-k value: store them first, while the
+    // top-k loads may still be in flight; then the chunks that use them.
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
-        const int c = (i * 32 + lane) * 4;
-        if (c < p.width && c >= plan.k) {
-          *reinterpret_cast<int4*>(dst + c) =
-              make_int4(value(c, 0), value(c + 1, 0), value(c + 2, 0), value(c + 3, 0));
-        }
+    for (int i = 0; i < kHeld; ++i) {
+      const int c = (i * 32 + lane) * 4;
+      if (c < p.width && c >= plan.k) {
+        *reinterpret_cast<int4*>(dst + c) =
+            make_int4(value(c, 0), value(c + 1, 0), value(c + 2, 0), value(c + 3, 0));
       }
+    }
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
-        const int c = (i * 32 + lane) * 4;
-        if (c < p.width && c < plan.k) {
-          const int4 tv = held[i];
-          *reinterpret_cast<int4*>(dst + c) = make_int4(
-              value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z), value(c + 3, tv.w));
-        }
+    for (int i = 0; i < kHeld; ++i) {
+      const int c = (i * 32 + lane) * 4;
+      if (c < p.width && c < plan.k) {
+        const int4 tv = held[i];
+        *reinterpret_cast<int4*>(dst + c) = make_int4(
+            value(c, tv.x), value(c + 1, tv.y), value(c + 2, tv.z), value(c + 3, tv.w));
       }
-      for (int c = kHeld * 128 + lane * 4; c < p.width; c += 128) {  // wide rows only
-        int4 tv = make_int4(0, 0, 0, 0);
-        if (c < plan.k) tv = *reinterpret_cast<const int4*>(src + c);
-        *reinterpret_cast<int4*>(dst + c) = make_int4(value(c, tv.x), value(c + 1, tv.y),
-                                                      value(c + 2, tv.z), value(c + 3, tv.w));
-      }
-    } else {
-      for (int c = lane; c < p.width; c += 32) {
-        dst[c] = value(c, c < plan.k ? src[c] : 0);
-      }
+    }
+    for (int c = kHeld * 128 + lane * 4; c < p.width; c += 128) {  // wide rows only
+      int4 tv = make_int4(0, 0, 0, 0);
+      if (c < plan.k) tv = *reinterpret_cast<const int4*>(src + c);
+      *reinterpret_cast<int4*>(dst + c) = make_int4(value(c, tv.x), value(c + 1, tv.y),
+                                                    value(c + 2, tv.z), value(c + 3, tv.w));
     }
   }
 }
