@@ -127,15 +127,20 @@ def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 1
 
 @triton.jit
 def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constexpr,
-                     E: tl.constexpr):
+                     E: tl.constexpr, SCALE: tl.constexpr, BT: tl.constexpr):
     # the gather's exact traffic without its decode: entry e's 576-byte record (words
     # 0..143 at page_base + (e % BS) * 144, page = bt[e // BS]) and its 8-byte scale word
     # (page_base + BS * 144 + (e % BS) * 2) -> a 1 KB row: the record's words, zeros, and
     # the scale's first word in the last 16 words. Every access an unmasked power-of-two
-    # tile of whole 16-byte vectors (the rows of E entries).
+    # tile of whole 16-byte vectors (the rows of E entries). Diagnostics: SCALE=False skips
+    # the scale-word read (the last 16 words are zeros); BT=False takes page e // BS
+    # directly (no block-table load: linear pages, no dependent round trip).
     e = tl.program_id(0) * E + tl.arange(0, E)[:, None]
     ok = e < n
-    page = tl.load(bt + e // BS, mask=ok, other=0).to(tl.int64)
+    if BT:
+        page = tl.load(bt + e // BS, mask=ok, other=0).to(tl.int64)
+    else:
+        page = (e // BS).to(tl.int64)
     rec = page * PAGE_WORDS + (e % BS) * 144
     c128 = tl.arange(0, 128)[None, :]
     c64 = tl.arange(0, 64)[None, :]
@@ -143,7 +148,10 @@ def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constex
     c16 = tl.arange(0, 16)[None, :]
     a = tl.load(cache + rec + c128, mask=ok, other=0)
     b = tl.load(cache + rec + 128 + c16, mask=ok, other=0)
-    s0 = tl.load(cache + page * PAGE_WORDS + BS * 144 + (e % BS) * 2, mask=ok, other=0)
+    if SCALE:
+        s0 = tl.load(cache + page * PAGE_WORDS + BS * 144 + (e % BS) * 2, mask=ok, other=0)
+    else:
+        s0 = tl.zeros([E, 1], dtype=tl.int32)
     row = dst + e.to(tl.int64) * 256
     tl.store(row + c128, a, mask=ok)
     tl.store(row + 128 + c16, b, mask=ok)
@@ -154,11 +162,14 @@ def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constex
 
 def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, num_warps: int = 2,
                       block_size: int = 64, page_bytes: int = 37440, replays: int = 30,
-                      device: str = "cuda") -> Timing | None:
+                      device: str = "cuda", scale: bool = True, use_bt: bool = True) -> Timing | None:
     """Graph-replayed time of the gather's traffic (584 bytes of a V4 record from a paged
     cache -> a 1 KB row) with no decode: pages in random (``shuffle``) or linear order.
     Checked against torch before timing; inputs rotated past twice the L2. ``device="cpu"``
-    (Triton's interpreter): the check only."""
+    (Triton's interpreter): the check only. Diagnostics: ``scale=False`` leaves out the
+    scale-word read, ``use_bt=False`` the block table (pages linear, computed)."""
+    if not use_bt:
+        shuffle = False
     words = page_bytes // 4
     pages = -(-entries // block_size)
     per_set = entries * (584 + 1024)
@@ -170,7 +181,8 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
         bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
     grid = (-(-entries // per_prog),)
     calls = [(lambda c=c, b=b, d=d: _records_to_rows[grid](c, b, d, entries, PAGE_WORDS=words,
-                                                          BS=block_size, E=per_prog, num_warps=num_warps))
+                                                          BS=block_size, E=per_prog, SCALE=scale,
+                                                          BT=use_bt, num_warps=num_warps))
              for c, b, d in bufs]
     cache, bt, dst = bufs[0]
     calls[0]()
@@ -178,6 +190,8 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
     base = bt.long()[e // block_size] * words + (e % block_size) * 144
     want = cache[base[:, None] + torch.arange(144, device=device)]
     scale0 = cache[bt.long()[e // block_size] * words + block_size * 144 + (e % block_size) * 2]
+    if not scale:
+        scale0 = torch.zeros_like(scale0)
     if not (torch.equal(dst[:, :144], want) and not bool(dst[:, 144:240].any())
             and torch.equal(dst[:, 240:], scale0[:, None].expand(-1, 16))):
         raise RuntimeError("records_to_rows check failed")
@@ -199,6 +213,21 @@ if __name__ == "__main__":
     pct = lambda nbytes, t: 100 * nbytes / (t.median_us * 1e3) / ceil  # noqa: E731
     t = widen_rows_time(49152, 584, 1024)
     print(f"rows 584->1024 (bench_cache's row): {t.median_us:.2f} us = {pct(total, t):.1f}% of copy")
+    if "--records-diag" in sys.argv:
+        # which part of the record traffic costs: the scale-word stream, the block-table
+        # indirection, the program size (64 = one whole page per program)
+        t, moved, how = chunk_mix_best(total)
+        print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")
+        for e, nw in ((8, 2), (32, 8), (64, 4), (64, 8)):
+            for shuffle, scale, use_bt, what in ((True, True, True, "random pages"),
+                                                 (True, False, True, "random pages, no scale read"),
+                                                 (False, True, False, "linear pages, no block table"),
+                                                 (False, False, False, "linear, no block table, no scale")):
+                t = records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw, scale=scale,
+                                      use_bt=use_bt)
+                print(f"records -> rows, {what}, {e} per program, {nw} warps: "
+                      f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+        sys.exit(0)
     if "--records" in sys.argv:
         t, moved, how = chunk_mix_best(total)
         print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")

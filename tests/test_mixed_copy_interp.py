@@ -31,6 +31,9 @@ def _script() -> int:  # runs under TRITON_INTERPRET=1
     mixed_copy.records_copy_time(150, per_prog=8, block_size=64, device="cpu")
     mixed_copy.records_copy_time(37, per_prog=16, block_size=16, page_bytes=16 * 584 + 64,
                                  shuffle=False, device="cpu")
+    # the diagnostics: no scale-word read; no block table (linear pages)
+    mixed_copy.records_copy_time(150, per_prog=8, block_size=64, scale=False, device="cpu")
+    mixed_copy.records_copy_time(70, per_prog=64, block_size=64, use_bt=False, device="cpu")
     print("RESULT ok")
     return 0
 
