@@ -15,6 +15,9 @@ decode:
   (576 data bytes + the 8-byte scale word from the page's scale region) of a paged cache,
   pages in random or linear order, -> 1 KB rows, every access an unmasked tile of 16-byte
   vectors; 79-82% of the copy ceiling on the H200 (``python bench/mixed_copy.py --records``).
+  ``--records-diag`` also times it without the scale-word read and without the block table
+  (linear pages): 80.8% at best with random pages, 83.8% linear with neither (2026-11-30
+  15:37 UTC, docs/kernels-cache-index.md).
 
 Imports torch and triton only.
 """

@@ -78,19 +78,7 @@ __device__ __forceinline__ uint4 ld_record_v4(const void* p, uint64_t pol) {
   else return ld_nc_v4<true>(p);
 }
 
-// kScaleLoad (experiment, $DEEPINFER_GATHER_SCALE): how the entry's 8 scale bytes are
-// loaded: 0 plain ld.global.nc; 1 with the L2::256B prefetch size and the evict_first
-// policy (a page's 512-byte scale region then comes from DRAM in two 256-byte fetches
-// instead of up to sixteen 32-byte ones); 2 L2::256B only; 3 the policy only.
-template <int kScaleLoad>
-__device__ __forceinline__ uint2 ld_scales(const void* p, uint64_t pol) {
-  if constexpr (kScaleLoad == 1) return ld_nc_v2_pol(p, pol);
-  else if constexpr (kScaleLoad == 2) return ld_nc_v2<true>(p);
-  else if constexpr (kScaleLoad == 3) return ld_nc_v2_pol_nohint(p, pol);
-  else return ld_nc_v2(p);
-}
-
-template <bool kEvictFirst, int kScaleLoad = 0>
+template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uint8_t* scales,
                                                  int lane, uint64_t pol) {
   EntryLoads e;
@@ -101,16 +89,16 @@ __device__ __forceinline__ EntryLoads load_entry(const uint8_t* entry, const uin
   } else {
     e.b = ld_record_v4<kEvictFirst>(entry + kv_record::kRopeOffset + 16 * (lane - 24), pol);
   }
-  e.scales = ld_scales<kScaleLoad>(scales, pol);
+  e.scales = ld_nc_v2(scales);
   return e;
 }
 
-template <bool kEvictFirst, int kScaleLoad = 0>
+template <bool kEvictFirst>
 __device__ __forceinline__ EntryLoads load_packed(const GatherKParams& p, int64_t packed,
                                                   int lane, uint64_t pol) {
   const int in_blk = static_cast<int>(packed & 0xFFFF);
   const uint8_t* blk = kv_record::block_base(p.cache, packed >> 16, p.block_stride);
-  return load_entry<kEvictFirst, kScaleLoad>(blk + kv_record::data_offset(in_blk),
+  return load_entry<kEvictFirst>(blk + kv_record::data_offset(in_blk),
                                  blk + kv_record::scale_offset(p.block_size, in_blk), lane, pol);
 }
 
@@ -139,7 +127,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kScaleLoad = 0>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -186,7 +174,7 @@ gather_k_kernel(const GatherKParams p) {
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
-        if (has[j]) e[j] = load_packed<kEvictFirst, kScaleLoad>(p, ep[j], lane, pol);
+        if (has[j]) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
       }
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
@@ -198,12 +186,12 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kScaleLoad = 0>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kScaleLoad>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -216,19 +204,18 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kScaleLoad = 0>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) *
-      gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst, kScaleLoad>();
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kScaleLoad><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
@@ -245,11 +232,6 @@ int gather_variant() {
     const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
     return inflight + (cs ? 1 : 0);
   }();
-  return v;
-}
-
-int gather_scale_load() {
-  static const int v = knob_int("DEEPINFER_GATHER_SCALE", 0);
   return v;
 }
 
@@ -270,12 +252,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 9: launch<8, true>(p, lim, stream); break;
     default:
       if (gather_l2_evict_first()) {
-        switch (gather_scale_load()) {
-          case 1: launch<4, false, true, 1>(p, lim, stream); break;
-          case 2: launch<4, false, true, 2>(p, lim, stream); break;
-          case 3: launch<4, false, true, 3>(p, lim, stream); break;
-          default: launch<4, false, true>(p, lim, stream); break;
-        }
+        launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);
       }

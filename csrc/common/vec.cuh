@@ -41,12 +41,6 @@ __device__ __forceinline__ uint2 ld_nc_v2_pol(const void* p, uint64_t pol) {
                : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
   return v;
 }
-__device__ __forceinline__ uint2 ld_nc_v2_pol_nohint(const void* p, uint64_t pol) {
-  uint2 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-               : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
-  return v;
-}
 __device__ __forceinline__ uint4 ld_nc_v4_pol(const void* p, uint64_t pol) {
   uint4 v;
   asm volatile("ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
