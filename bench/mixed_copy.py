@@ -129,6 +129,66 @@ def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 1
 
 
 @triton.jit
+def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, HALF_WORDS: tl.constexpr,
+                 RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.constexpr, BT: tl.constexpr):
+    # the chunked 9:16 copy with its reads in cache pages: program p reads half (p % 2) of
+    # the data region of page bt[p // 2] (BT) or page p // 2 (linear, no lookup), as RCH
+    # chunks of CH int32, and writes WCH chunks contiguously
+    p = tl.program_id(0).to(tl.int64)
+    if BT:
+        page = tl.load(bt + p // 2).to(tl.int64)
+    else:
+        page = p // 2
+    base = page * PAGE_WORDS + (p % 2) * HALF_WORDS
+    c = tl.arange(0, CH)
+    acc = tl.zeros([CH], dtype=tl.int32)
+    for i in tl.static_range(RCH):
+        acc ^= tl.load(src + base + i * CH + c)
+    for i in tl.static_range(WCH):
+        tl.store(dst + (p * WCH + i) * CH + c, acc + i)
+
+
+def chunk_pages_time(entries: int, *, shuffle: bool = True, use_bt: bool = True, chunk_words: int = 512,
+                     num_warps: int = 2, block_size: int = 64, page_bytes: int = 37440,
+                     replays: int = 30, device: str = "cuda") -> Timing | None:
+    """Graph-replayed time of the chunked 9:16 copy whose reads are the data regions of
+    ``entries / block_size`` cache pages (``page_bytes`` apart, in random order when
+    ``shuffle``; ``use_bt=False``: linear, no block-table load) and whose writes are
+    contiguous: the read:write mix and the page placement of the gather, without its
+    record granularity. Each page's data region (block_size x 576 bytes) is read as two
+    halves of 9 chunks; the writes are 16 chunks per half (1.78 : 1, the gather's 1.75).
+    Checked against torch before timing; ``device="cpu"``: the check only."""
+    if not use_bt:
+        shuffle = False
+    half = block_size * 144 // 2
+    if half % chunk_words or half // chunk_words != 9:
+        raise ValueError("chunk_pages_time: a half page must be 9 chunks")
+    words = page_bytes // 4
+    pages = -(-entries // block_size)
+    progs = 2 * pages
+    moved = progs * (9 + 16) * chunk_words * 4
+    sets = max(2, rotation_count(moved)) if device == "cuda" else 1
+    bufs = []
+    for _ in range(sets):
+        src = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
+        bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
+        bufs.append((src, bt, torch.empty(progs * 16 * chunk_words, dtype=torch.int32, device=device)))
+    calls = [(lambda a=a, b=b, d=d: _chunk_pages[(progs,)](a, b, d, PAGE_WORDS=words, HALF_WORDS=half, RCH=9,
+                                                       WCH=16, CH=chunk_words, BT=use_bt, num_warps=num_warps))
+             for a, b, d in bufs]
+    calls[0]()
+    src, bt, dst = bufs[0]
+    halves = src.view(pages, words)[bt.long(), : 2 * half].reshape(progs, 9, chunk_words)
+    acc = halves[:, 0].clone()
+    for i in range(1, 9):
+        acc ^= halves[:, i]
+    want = acc[:, None, :] + torch.arange(16, dtype=torch.int32, device=device)[None, :, None]
+    if not torch.equal(dst.view(progs, 16, chunk_words), want):
+        raise RuntimeError("chunk_pages check failed")
+    return _time_checked(calls, device, replays), moved
+
+
+@triton.jit
 def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constexpr,
                      E: tl.constexpr, SCALE: tl.constexpr, BT: tl.constexpr):
     # the gather's exact traffic without its decode: entry e's 576-byte record (words
@@ -221,6 +281,12 @@ if __name__ == "__main__":
         # indirection, the program size (64 = one whole page per program)
         t, moved, how = chunk_mix_best(total)
         print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")
+        for nw in (2, 4):
+            for shuffle, use_bt, what in ((True, True, "random pages"), (False, True, "linear pages"),
+                                          (False, False, "linear, no block table")):
+                t, moved = chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw)
+                print(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps: "
+                      f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
         for e, nw in ((8, 2), (32, 8), (64, 4), (64, 8)):
             for shuffle, scale, use_bt, what in ((True, True, True, "random pages"),
                                                  (True, False, True, "random pages, no scale read"),
