@@ -223,14 +223,35 @@ def _records_to_rows(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constex
     tl.store(row + 240 + c16, tl.zeros([E, 16], dtype=tl.int32) + s0, mask=ok)
 
 
+@triton.jit
+def _records_to_rows_wide(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constexpr,
+                          E: tl.constexpr):
+    # _records_to_rows with one tile per row: E records read as one [E, 256] tile masked to
+    # the record's 144 words (16-word aligned, so still whole 16-byte vectors), the 1 KB
+    # rows written as one [E, 256] tile (E KB contiguous per program): the same bytes, one
+    # load and one store instruction stream instead of two and five
+    e = tl.program_id(0) * E + tl.arange(0, E)[:, None]
+    ok = e < n
+    page = tl.load(bt + e // BS, mask=ok, other=0).to(tl.int64)
+    rec = page * PAGE_WORDS + (e % BS) * 144
+    c = tl.arange(0, 256)[None, :]
+    v = tl.load(cache + rec + c, mask=ok & (c < 144), other=0)
+    s0 = tl.load(cache + page * PAGE_WORDS + BS * 144 + (e % BS) * 2, mask=ok, other=0)
+    v = tl.where(c >= 240, s0, v)
+    tl.store(dst + e.to(tl.int64) * 256 + c, v, mask=ok)
+
+
 def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, num_warps: int = 2,
                       block_size: int = 64, page_bytes: int = 37440, replays: int = 30,
-                      device: str = "cuda", scale: bool = True, use_bt: bool = True) -> Timing | None:
+                      device: str = "cuda", scale: bool = True, use_bt: bool = True,
+                      wide: bool = False) -> Timing | None:
     """Graph-replayed time of the gather's traffic (584 bytes of a V4 record from a paged
     cache -> a 1 KB row) with no decode: pages in random (``shuffle``) or linear order.
     Checked against torch before timing; inputs rotated past twice the L2. ``device="cpu"``
     (Triton's interpreter): the check only. Diagnostics: ``scale=False`` leaves out the
-    scale-word read, ``use_bt=False`` the block table (pages linear, computed)."""
+    scale-word read, ``use_bt=False`` the block table (pages linear, computed);
+    ``wide=True``: one [E, 256] load tile and one store tile per program
+    (``_records_to_rows_wide``; with the scale read and the block table)."""
     if not use_bt:
         shuffle = False
     words = page_bytes // 4
@@ -243,10 +264,17 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
         bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
         bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
     grid = (-(-entries // per_prog),)
-    calls = [(lambda c=c, b=b, d=d: _records_to_rows[grid](c, b, d, entries, PAGE_WORDS=words,
-                                                          BS=block_size, E=per_prog, SCALE=scale,
-                                                          BT=use_bt, num_warps=num_warps))
-             for c, b, d in bufs]
+    if wide:
+        scale, use_bt = True, True
+        calls = [(lambda c=c, b=b, d=d: _records_to_rows_wide[grid](c, b, d, entries, PAGE_WORDS=words,
+                                                                   BS=block_size, E=per_prog,
+                                                                   num_warps=num_warps))
+                 for c, b, d in bufs]
+    else:
+        calls = [(lambda c=c, b=b, d=d: _records_to_rows[grid](c, b, d, entries, PAGE_WORDS=words,
+                                                              BS=block_size, E=per_prog, SCALE=scale,
+                                                              BT=use_bt, num_warps=num_warps))
+                 for c, b, d in bufs]
     cache, bt, dst = bufs[0]
     calls[0]()
     e = torch.arange(entries, device=device)
@@ -287,6 +315,10 @@ if __name__ == "__main__":
                 t, moved = chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw)
                 print(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps: "
                       f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+        for e, nw in ((8, 2), (16, 2), (32, 2), (32, 4), (64, 4)):
+            t = records_copy_time(49152, per_prog=e, num_warps=nw, wide=True)
+            print(f"records -> rows, random pages, one [E, 256] tile, {e} per program, {nw} warps: "
+                  f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
         for e, nw in ((8, 2), (32, 8), (64, 4), (64, 8)):
             for shuffle, scale, use_bt, what in ((True, True, True, "random pages"),
                                                  (True, False, True, "random pages, no scale read"),
