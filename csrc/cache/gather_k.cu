@@ -186,96 +186,6 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
-// Page-chunk layout (experiment, $DEEPINFER_GATHER_LAYOUT=1; block_size a multiple of 32):
-// one block of two warps per 32-entry window of a page, shaped like the chunked copy that
-// reaches 85-86% of the copy ceiling with its reads in random cache pages
-// (bench/mixed_copy.py --records-diag, 2026-11-30 15:39 UTC). The window's 18,432 data bytes
-// are read as one contiguous run of 16-byte vectors (18 per thread, all issued before any
-// use) and its 256 scale bytes as 16 more; they go through shared memory, and each warp then
-// decodes and writes 16 rows (16 KB contiguous when the rows are) with the default kernel's
-// lane mapping. Windows whose page is not mapped are skipped, like the default kernel's
-// entries; rows outside [max(start, 0), min(seq_len, start + out_rows - offset)) are not
-// written.
-constexpr int kPcEntries = 32;
-constexpr int kPcThreads = 64;
-constexpr int kPcVecsPerThread = kPcEntries * kv_record::kDataBytes / 16 / kPcThreads;  // 18
-static_assert(kPcVecsPerThread * 16 * kPcThreads == kPcEntries * kv_record::kDataBytes, "window");
-
-__global__ void __launch_bounds__(kPcThreads)
-gather_k_pagechunk_kernel(const GatherKParams p) {
-  using namespace kv_record;
-  __shared__ __align__(16) uint8_t s_data[kPcEntries * kDataBytes];
-  __shared__ __align__(16) uint8_t s_scale[kPcEntries * kScaleBytes];
-  const int t = threadIdx.x;
-  const int r = blockIdx.y;
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int64_t start = static_cast<int64_t>(seq_len) - gather_len;
-  const int64_t lo = start > 0 ? start : 0;
-  int64_t hi = start + (p.out_rows - p.offset);
-  if (hi > seq_len) hi = seq_len;
-  const int64_t a = (lo / kPcEntries + blockIdx.x) * kPcEntries;  // the window's first position
-  if (a >= hi) return;
-  const int64_t blk = a / p.block_size;
-  if (blk >= p.max_blocks) return;
-  const int64_t phys = p.block_table[static_cast<int64_t>(r) * p.bt_stride0 + blk * p.bt_stride1];
-  if (phys < 0 || phys >= p.num_blocks) return;
-  const int in_blk = static_cast<int>(a - blk * p.block_size);
-  const uint8_t* page = block_base(p.cache, phys, p.block_stride);
-  const uint8_t* src = page + data_offset(in_blk);
-  const uint64_t pol = l2_policy_evict_first();
-  uint4 v[kPcVecsPerThread];
-#pragma unroll
-  for (int k = 0; k < kPcVecsPerThread; ++k) v[k] = ld_nc_v4_pol(src + 16 * (t + kPcThreads * k), pol);
-  uint4 sc = make_uint4(0u, 0u, 0u, 0u);
-  if (t < kPcEntries * kScaleBytes / 16) sc = ld_nc_v4_pol(page + scale_offset(p.block_size, in_blk) + 16 * t, pol);
-#pragma unroll
-  for (int k = 0; k < kPcVecsPerThread; ++k) {
-    *reinterpret_cast<uint4*>(s_data + 16 * (t + kPcThreads * k)) = v[k];
-  }
-  if (t < kPcEntries * kScaleBytes / 16) *reinterpret_cast<uint4*>(s_scale + 16 * t) = sc;
-  __syncthreads();
-
-  const int lane = t & 31;
-  const int first = (t >> 5) * (kPcEntries / 2);
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-#pragma unroll
-  for (int e0 = 0; e0 < kPcEntries / 2; e0 += 4) {
-    EntryLoads el[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint8_t* rec = s_data + (first + e0 + j) * kDataBytes;
-      el[j].a = *reinterpret_cast<const uint2*>(rec + 8 * lane);
-      if (lane < 24) {
-        const uint2 t2 = *reinterpret_cast<const uint2*>(rec + 256 + 8 * lane);
-        el[j].b = make_uint4(t2.x, t2.y, 0u, 0u);
-      } else {
-        el[j].b = *reinterpret_cast<const uint4*>(rec + kRopeOffset + 16 * (lane - 24));
-      }
-      el[j].scales = *reinterpret_cast<const uint2*>(s_scale + (first + e0 + j) * kScaleBytes);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t pos = a + first + e0 + j;
-      if (pos >= lo && pos < hi) {
-        store_entry<false, true>(out_req + (p.offset + (pos - start)) * p.out_stride1, el[j], lane, pol);
-      }
-    }
-  }
-}
-
-void launch_pagechunk(const GatherKParams& p, cudaStream_t stream) {
-  const int64_t rows = p.out_rows - p.offset;
-  if (rows <= 0) return;
-  dim3 grid(static_cast<unsigned>((rows + kPcEntries - 1) / kPcEntries + 1), static_cast<unsigned>(p.num_reqs));
-  gather_k_pagechunk_kernel<<<grid, kPcThreads, 0, stream>>>(p);
-}
-
-int gather_layout() {
-  static const int v = knob_int("DEEPINFER_GATHER_LAYOUT", 0);
-  return v;
-}
-
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
@@ -341,9 +251,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default:
-      if (gather_layout() == 1 && p.block_size % kPcEntries == 0) {
-        launch_pagechunk(p, stream);
-      } else if (gather_l2_evict_first()) {
+      if (gather_l2_evict_first()) {
         launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);
