@@ -113,15 +113,9 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
   }
 }
 
-template <bool kStreaming, bool kEvictFirst, bool kNoDecode = false>
+template <bool kStreaming, bool kEvictFirst>
 __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane,
                                             uint64_t pol) {
-  if constexpr (kNoDecode) {
-    // diagnostic ($DEEPINFER_GATHER_OCC=3|4, wrong output): the same loads and stores, raw bytes
-    store16<kStreaming, kEvictFirst>(out_row + 8 * lane, make_uint4(e.a.x, e.a.y, e.scales.x, e.scales.y), pol);
-    store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, e.b, pol);
-    return;
-  }
   const int g = lane >> 3;
   store16<kStreaming, kEvictFirst>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
   uint4 hi;
@@ -133,9 +127,8 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kMinBlocks = 0,
-          bool kNoDecode = false>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
+__global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
   uint64_t pol = 0;
@@ -186,20 +179,19 @@ gather_k_kernel(const GatherKParams p) {
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (has[j]) {
-          store_entry<kStreaming, kEvictFirst, kNoDecode>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane, pol);
+          store_entry<kStreaming, kEvictFirst>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane, pol);
         }
       }
     }
   }
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kMinBlocks = 0,
-          bool kNoDecode = false>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kMinBlocks, kNoDecode>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -212,20 +204,18 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, int kMinBlocks = 0,
-          bool kNoDecode = false>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) *
-      gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst, kMinBlocks, kNoDecode>();
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kMinBlocks, kNoDecode><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
@@ -245,14 +235,6 @@ int gather_variant() {
   return v;
 }
 
-// $DEEPINFER_GATHER_OCC (experiment): 1 two entries in flight with at least 6 blocks (48
-// warps) per SM; 2 the same with 4 in flight; 3 / 4 the same without the decode (wrong
-// output, diagnostic)
-int gather_occ() {
-  static const int v = knob_int("DEEPINFER_GATHER_OCC", 0);
-  return v;
-}
-
 bool gather_l2_evict_first() {
   static const bool on = !knob_off("DEEPINFER_GATHER_L2POLICY");
   return on;
@@ -269,15 +251,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default:
-      if (gather_occ() == 1) {
-        launch<2, false, true, 6>(p, lim, stream);
-      } else if (gather_occ() == 2) {
-        launch<4, false, true, 6>(p, lim, stream);
-      } else if (gather_occ() == 3) {
-        launch<2, false, true, 6, true>(p, lim, stream);
-      } else if (gather_occ() == 4) {
-        launch<4, false, true, 6, true>(p, lim, stream);
-      } else if (gather_l2_evict_first()) {
+      if (gather_l2_evict_first()) {
         launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);
