@@ -186,59 +186,6 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
-// Tile-of-8 layout (experiment, $DEEPINFER_GATHER_TILE8=1|2): the grid shape of the Triton
-// record copy that reaches 80% of the copy ceiling (bench/mixed_copy.py): one block of two
-// warps per 8 consecutive entries of a request, warp w taking entries w, w+2, w+4, w+6 (all
-// four loaded before any store), a non-persistent grid of ceil(rows / 8) blocks per request.
-// 2: the same with plain loads and stores (no L2 policy), as Triton issues them.
-template <bool kEvictFirst>
-__global__ void __launch_bounds__(64)
-gather_k_tile8_kernel(const GatherKParams p) {
-  using namespace kv_record;
-  uint64_t pol = 0;
-  if constexpr (kEvictFirst) pol = l2_policy_evict_first();
-  const int lane = threadIdx.x & 31;
-  const int w = threadIdx.x >> 5;
-  const int r = blockIdx.y;
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int64_t start = static_cast<int64_t>(seq_len) - gather_len;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * 8 + w;
-  if (i0 >= gather_len) return;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  int64_t packed[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t i = i0 + 2 * j;
-    packed[j] = -1;
-    if (i < gather_len) {
-      const int64_t pos = start + i;
-      const int64_t blk = pos / p.block_size;
-      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-        const int64_t phys = bt_row[blk * p.bt_stride1];
-        if (phys >= 0 && phys < p.num_blocks) packed[j] = (phys << 16) | (pos - blk * p.block_size);
-      }
-    }
-  }
-  EntryLoads e[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (packed[j] >= 0) e[j] = load_packed<kEvictFirst>(p, packed[j], lane, pol);
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (packed[j] >= 0) {
-      store_entry<false, kEvictFirst>(out_req + (p.offset + i0 + 2 * j) * p.out_stride1, e[j], lane, pol);
-    }
-  }
-}
-
-int gather_tile8() {
-  static const int v = knob_int("DEEPINFER_GATHER_TILE8", 0);
-  return v;
-}
-
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
@@ -304,16 +251,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default:
-      if (gather_tile8() != 0) {
-        const int64_t rows = p.out_rows - p.offset;
-        if (rows <= 0) return;
-        dim3 grid(static_cast<unsigned>((rows + 7) / 8), static_cast<unsigned>(p.num_reqs));
-        if (gather_tile8() == 2) {
-          gather_k_tile8_kernel<false><<<grid, 64, 0, stream>>>(p);
-        } else {
-          gather_k_tile8_kernel<true><<<grid, 64, 0, stream>>>(p);
-        }
-      } else if (gather_l2_evict_first()) {
+      if (gather_l2_evict_first()) {
         launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);
