@@ -18,6 +18,10 @@ decode:
   ``--records-diag`` also times it without the scale-word read and without the block table
   (linear pages): 80.8% at best with random pages, 83.8% linear with neither (2026-11-30
   15:37 UTC, docs/kernels-cache-index.md).
+- ``chunk_pages_time``: the chunked 9:16 copy with its reads in the benchmark's cache pages
+  (half a page's data region per program, pages random or linear): 85-86% with random pages
+  (``--records-diag``, 2026-11-30 15:39 UTC). The page placement alone does not cap the
+  gather's traffic; the record -> row shape does.
 
 Imports torch and triton only.
 """
@@ -68,6 +72,17 @@ def _time_checked(calls, device: str, replays: int) -> Timing | None:
     return graph_time(calls, min_calls=4, replays=replays) if device == "cuda" else None
 
 
+def _check_chunk_xor(read: torch.Tensor, dst: torch.Tensor, write_chunks: int, what: str) -> None:
+    """The chunked copies' output: program p's write chunk i = XOR of its read chunks
+    ``read[p]`` ([programs, read chunks, words]) + i."""
+    acc = read[:, 0].clone()
+    for i in range(1, read.size(1)):
+        acc ^= read[:, i]
+    want = acc[:, None, :] + torch.arange(write_chunks, dtype=torch.int32, device=read.device)[None, :, None]
+    if not torch.equal(dst.view(read.size(0), write_chunks, read.size(2)), want):
+        raise RuntimeError(f"{what} check failed")
+
+
 @triton.jit
 def _chunk_mix(src, dst, n_prog, RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.constexpr):
     # program p reads RCH chunks of CH int32 and writes WCH chunks (contiguous, 16-byte
@@ -106,12 +121,7 @@ def chunk_mix_time(total_bytes: int, read_chunks: int, write_chunks: int, *, chu
              for a, b in bufs]
     calls[0]()
     src, dst = bufs[0]
-    acc = src.view(progs, read_chunks, chunk_words)[:, 0].clone()
-    for i in range(1, read_chunks):
-        acc ^= src.view(progs, read_chunks, chunk_words)[:, i]
-    want = acc[:, None, :] + torch.arange(write_chunks, dtype=torch.int32, device=device)[None, :, None]
-    if not torch.equal(dst.view(progs, write_chunks, chunk_words), want):
-        raise RuntimeError("chunk_mix check failed")
+    _check_chunk_xor(src.view(progs, read_chunks, chunk_words), dst, write_chunks, "chunk_mix")
     return _time_checked(calls, device, replays)
 
 
@@ -150,14 +160,14 @@ def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, HALF_WORDS: tl.constexp
 
 def chunk_pages_time(entries: int, *, shuffle: bool = True, use_bt: bool = True, chunk_words: int = 512,
                      num_warps: int = 2, block_size: int = 64, page_bytes: int = 37440,
-                     replays: int = 30, device: str = "cuda") -> Timing | None:
-    """Graph-replayed time of the chunked 9:16 copy whose reads are the data regions of
+                     replays: int = 30, device: str = "cuda") -> tuple[Timing | None, int]:
+    """(graph-replayed time, bytes moved) of the chunked 9:16 copy whose reads are the data regions of
     ``entries / block_size`` cache pages (``page_bytes`` apart, in random order when
     ``shuffle``; ``use_bt=False``: linear, no block-table load) and whose writes are
     contiguous: the read:write mix and the page placement of the gather, without its
     record granularity. Each page's data region (block_size x 576 bytes) is read as two
     halves of 9 chunks; the writes are 16 chunks per half (1.78 : 1, the gather's 1.75).
-    Checked against torch before timing; ``device="cpu"``: the check only."""
+    Checked against torch before timing; ``device="cpu"``: the check only (time None)."""
     if not use_bt:
         shuffle = False
     half = block_size * 144 // 2
@@ -179,12 +189,7 @@ def chunk_pages_time(entries: int, *, shuffle: bool = True, use_bt: bool = True,
     calls[0]()
     src, bt, dst = bufs[0]
     halves = src.view(pages, words)[bt.long(), : 2 * half].reshape(progs, 9, chunk_words)
-    acc = halves[:, 0].clone()
-    for i in range(1, 9):
-        acc ^= halves[:, i]
-    want = acc[:, None, :] + torch.arange(16, dtype=torch.int32, device=device)[None, :, None]
-    if not torch.equal(dst.view(progs, 16, chunk_words), want):
-        raise RuntimeError("chunk_pages check failed")
+    _check_chunk_xor(halves, dst, 16, "chunk_pages")
     return _time_checked(calls, device, replays), moved
 
 
