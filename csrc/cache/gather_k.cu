@@ -113,16 +113,9 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
   }
 }
 
-template <bool kStreaming, bool kEvictFirst, bool kNoDecode = false>
+template <bool kStreaming, bool kEvictFirst>
 __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane,
                                             uint64_t pol) {
-  if constexpr (kNoDecode) {
-    // diagnostic ($DEEPINFER_GATHER_DIAG=1, wrong output): the same loads and the same two
-    // 16-byte stores per lane, with the loaded bytes stored raw instead of decoded
-    store16<kStreaming, kEvictFirst>(out_row + 8 * lane, make_uint4(e.a.x, e.a.y, e.scales.x, e.scales.y), pol);
-    store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, e.b, pol);
-    return;
-  }
   const int g = lane >> 3;
   store16<kStreaming, kEvictFirst>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
   uint4 hi;
@@ -134,7 +127,7 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, bool kNoDecode = false>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
   using namespace kv_record;
@@ -186,83 +179,19 @@ gather_k_kernel(const GatherKParams p) {
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (has[j]) {
-          store_entry<kStreaming, kEvictFirst, kNoDecode>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane, pol);
+          store_entry<kStreaming, kEvictFirst>(out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1, e[j], lane, pol);
         }
       }
     }
   }
 }
 
-// Diagnostic ($DEEPINFER_GATHER_LOAD16=1, wrong output): the default kernel's grid and loop,
-// no decode, with the Triton record copy's load widths: lane L reads 16 bytes at record +
-// 16 L (the first 512 bytes in one instruction), lanes 0..7 the last 64 bytes (8 each);
-// the same two 16-byte stores per lane.
-__global__ void __launch_bounds__(kThreads)
-gather_k_load16_kernel(const GatherKParams p) {
-  using namespace kv_record;
-  const uint64_t pol = l2_policy_evict_first();
-  const int lane = threadIdx.x & 31;
-  const int r = blockIdx.y;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int start = seq_len - gather_len;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  for (int64_t base = warp; base < gather_len; base += 32 * nwarps) {
-    const int64_t i = base + lane * nwarps;
-    int64_t packed = -1;
-    if (i < gather_len) {
-      const int64_t pos = start + i;
-      const int64_t blk = pos / p.block_size;
-      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-        const int64_t phys = bt_row[blk * p.bt_stride1];
-        if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
-      }
-    }
-    const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
-    const int n = static_cast<int>(remaining < 32 ? remaining : 32);
-    for (int k = 0; k < n; k += 4) {
-      int64_t ep[4];
-      bool has[4];
-      uint4 a[4];
-      uint2 b[4], sc[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        ep[j] = __shfl_sync(0xFFFFFFFFu, packed, (k + j) & 31);
-        has[j] = (k + j < n) && ep[j] >= 0;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (has[j]) {
-          const int in_blk = static_cast<int>(ep[j] & 0xFFFF);
-          const uint8_t* blk = block_base(p.cache, ep[j] >> 16, p.block_stride);
-          const uint8_t* entry = blk + data_offset(in_blk);
-          a[j] = ld_nc_v4_pol(entry + 16 * lane, pol);
-          b[j] = make_uint2(0u, 0u);
-          if (lane < 8) b[j] = ld_nc_v2_pol(entry + 512 + 8 * lane, pol);
-          sc[j] = ld_nc_v2(blk + scale_offset(p.block_size, in_blk));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (has[j]) {
-          uint16_t* row = out_req + (p.offset + base + (k + j) * nwarps) * p.out_stride1;
-          st_v4_pol(row + 8 * lane, a[j], pol);
-          st_v4_pol(row + 256 + 8 * lane, make_uint4(b[j].x, b[j].y, sc[j].x, sc[j].y), pol);
-        }
-      }
-    }
-  }
-}
-
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, bool kNoDecode = false>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kNoDecode>, kThreads, 0) != cudaSuccess ||
+            &n, gather_k_kernel<kInFlight, kStreaming, kEvictFirst>, kThreads, 0) != cudaSuccess ||
         n <= 0) {
       n = 4;
     }
@@ -275,19 +204,18 @@ int gather_blocks_per_sm() {
   return cached;
 }
 
-template <int kInFlight, bool kStreaming, bool kEvictFirst = false, bool kNoDecode = false>
+template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
   if (rows <= 0) return;
   const int64_t total =
-      static_cast<int64_t>(lim.sm_count) *
-      gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst, kNoDecode>();
+      static_cast<int64_t>(lim.sm_count) * gather_blocks_per_sm<kInFlight, kStreaming, kEvictFirst>();
   int64_t x = total / p.num_reqs;
   const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (x > needed) x = needed;
   if (x < 1) x = 1;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_kernel<kInFlight, kStreaming, kEvictFirst, kNoDecode><<<grid, kThreads, 0, stream>>>(p);
+  gather_k_kernel<kInFlight, kStreaming, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 // Tuning knobs for benchmarks, read once per process:
@@ -323,17 +251,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default:
-      if (knob_int("DEEPINFER_GATHER_LOAD16", 0) == 1) {
-        const int64_t rows = p.out_rows - p.offset;
-        if (rows <= 0) return;
-        int64_t x = static_cast<int64_t>(lim.sm_count) * 4 / p.num_reqs;
-        const int64_t needed = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-        if (x > needed) x = needed;
-        if (x < 1) x = 1;
-        gather_k_load16_kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs)), kThreads, 0, stream>>>(p);
-      } else if (knob_int("DEEPINFER_GATHER_DIAG", 0) == 1) {
-        launch<4, false, true, true>(p, lim, stream);
-      } else if (gather_l2_evict_first()) {
+      if (gather_l2_evict_first()) {
         launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);
