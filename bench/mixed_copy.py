@@ -17,7 +17,9 @@ decode:
   vectors; 79-82% of the copy ceiling on the H200 (``python bench/mixed_copy.py --records``).
   ``--records-diag`` also times it without the scale-word read and without the block table
   (linear pages): 80.8% at best with random pages, 83.8% linear with neither (2026-11-30
-  15:37 UTC, docs/kernels-cache-index.md).
+  15:37 UTC, docs/kernels-cache-index.md). Not a faithful bound for the gather: 448 of each
+  row's 1024 bytes are constants, stored without waiting for any load; the gather's own
+  kernel without its decode reaches 75-77% (same-run A/Bs, 2026-11-30 15:48 and 16:09 UTC).
 - ``chunk_pages_time``: the chunked 9:16 copy with its reads in the benchmark's cache pages
   (half a page's data region per program, pages random or linear): 85-86% with random pages
   (``--records-diag``, 2026-11-30 15:39 UTC). The page placement alone does not cap the
