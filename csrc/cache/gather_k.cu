@@ -226,10 +226,9 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 //   and stores (the other variants carry none).
 int gather_variant() {
   static int v = [] {
-    const char* st = std::getenv("DEEPINFER_GATHER_STORE");
     const int want = knob_int("DEEPINFER_GATHER_INFLIGHT", 4);
     const int inflight = (want == 2 || want == 8) ? want : 4;
-    const bool cs = st != nullptr && std::strcmp(st, "cs") == 0;
+    const bool cs = knob_is("DEEPINFER_GATHER_STORE", "cs");
     return inflight + (cs ? 1 : 0);
   }();
   return v;

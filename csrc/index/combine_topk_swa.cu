@@ -72,7 +72,6 @@ __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, 
   return h;
 }
 
-
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
