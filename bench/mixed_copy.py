@@ -248,6 +248,65 @@ def _records_to_rows_wide(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.co
     tl.store(dst + e.to(tl.int64) * 256 + c, v, mask=ok)
 
 
+@triton.jit
+def _records_widen(cache, bt, dst, n, PAGE_WORDS: tl.constexpr, BS: tl.constexpr, E: tl.constexpr):
+    # a faithful record -> row copy (every written byte comes from a load), shaped like the
+    # gather: the 448 NoPE bytes widened to 448 16-bit slots (byte k -> slot k, zero high
+    # byte, XOR the low 16 bits of the record's first scale word: the decode's data flow
+    # without its arithmetic), the 128 RoPE bytes copied to the row's last 128 bytes.
+    e = tl.program_id(0) * E + tl.arange(0, E)[:, None]
+    ok = e < n
+    page = tl.load(bt + e // BS, mask=ok, other=0).to(tl.int64)
+    rec = page * PAGE_WORDS + (e % BS) * 144
+    c128 = tl.arange(0, 128)[None, :]
+    c32 = tl.arange(0, 32)[None, :]
+    w = tl.load(cache + rec + c128, mask=ok, other=0)  # words 0..111 NoPE, 112..127 RoPE
+    rope = tl.load(cache + rec + 112 + c32, mask=ok, other=0)
+    s0 = tl.load(cache + page * PAGE_WORDS + BS * 144 + (e % BS) * 2, mask=ok, other=0)
+    k = (s0 & 0xFFFF) * 0x10001  # the 16-bit key in both halves
+    lo = ((w & 0xFF) | ((w & 0xFF00) << 8)) ^ k
+    hi = (((w >> 16) & 0xFF) | ((w >> 8) & 0xFF0000)) ^ k
+    wide = tl.reshape(tl.join(lo, hi), [E, 256])  # word j -> row words 2j, 2j + 1
+    row = dst + e.to(tl.int64) * 256
+    c256 = tl.arange(0, 256)[None, :]
+    tl.store(row + c256, wide, mask=ok & (c256 < 224))
+    tl.store(row + 224 + c32, rope, mask=ok)
+
+
+def records_widen_time(entries: int, *, per_prog: int = 8, num_warps: int = 2, block_size: int = 64,
+                       page_bytes: int = 37440, replays: int = 30,
+                       device: str = "cuda") -> Timing | None:
+    """Graph-replayed time of ``_records_widen`` (random pages): the gather's exact bytes
+    (584-byte record and scale word -> 1 KB row), every output byte computed from loaded
+    bytes as in the decode (NoPE widened 1 -> 2 bytes and keyed by the scale word, RoPE
+    copied). Checked against torch before timing; ``device="cpu"``: the check only."""
+    words = page_bytes // 4
+    pages = -(-entries // block_size)
+    sets = max(2, rotation_count(entries * (584 + 1024))) if device == "cuda" else 1
+    bufs = []
+    for _ in range(sets):
+        cache = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
+        bt = torch.randperm(pages, device=device).to(torch.int32)
+        bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
+    grid = (-(-entries // per_prog),)
+    calls = [(lambda c=c, b=b, d=d: _records_widen[grid](c, b, d, entries, PAGE_WORDS=words, BS=block_size,
+                                                        E=per_prog, num_warps=num_warps))
+             for c, b, d in bufs]
+    cache, bt, dst = bufs[0]
+    calls[0]()
+    e = torch.arange(entries, device=device)
+    pg = bt.long()[e // block_size]
+    base = pg * words + (e % block_size) * 144
+    rec = cache[base[:, None] + torch.arange(144, device=device)]
+    nope = rec[:, :112].contiguous().view(torch.uint8).view(entries, 448).to(torch.int32)
+    key = cache[pg * words + block_size * 144 + (e % block_size) * 2] & 0xFFFF
+    slots = nope ^ key[:, None]  # 448 16-bit slots
+    want_nope = (slots[:, 0::2] | (slots[:, 1::2] << 16)).to(torch.int32)
+    if not (torch.equal(dst[:, :224], want_nope) and torch.equal(dst[:, 224:], rec[:, 112:])):
+        raise RuntimeError("records_widen check failed")
+    return _time_checked(calls, device, replays)
+
+
 def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, num_warps: int = 2,
                       block_size: int = 64, page_bytes: int = 37440, replays: int = 30,
                       device: str = "cuda", scale: bool = True, use_bt: bool = True,
@@ -311,6 +370,21 @@ if __name__ == "__main__":
     pct = lambda nbytes, t: 100 * nbytes / (t.median_us * 1e3) / ceil  # noqa: E731
     t = widen_rows_time(49152, 584, 1024)
     print(f"rows 584->1024 (bench_cache's row): {t.median_us:.2f} us = {pct(total, t):.1f}% of copy")
+    if "--widen" in sys.argv:
+        # the faithful record -> row copy next to the chunked copy from cache pages and the
+        # record copy whose rows are partly constant (the 2026-11-30 diagnostics)
+        t, moved = chunk_pages_time(49152, num_warps=2)
+        print(f"chunks 9:16 read from cache pages, random pages, 2048 B chunks, 2 warps: "
+              f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+        t = records_copy_time(49152, per_prog=8, num_warps=2)
+        print(f"records -> rows, random pages (448 B of each row constant), 8 per program, 2 warps: "
+              f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+        for e, nw in ((4, 1), (8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8)):
+            t = records_widen_time(49152, per_prog=e, num_warps=nw)
+            print(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
+                  f"{e} per program, {nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy",
+                  flush=True)
+        sys.exit(0)
     if "--records-diag" in sys.argv:
         # which part of the record traffic costs: the scale-word stream, the block-table
         # indirection, the program size (64 = one whole page per program)
@@ -322,6 +396,11 @@ if __name__ == "__main__":
                 t, moved = chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw)
                 print(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps: "
                       f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+        for e, nw in ((4, 1), (8, 2), (16, 2), (16, 4), (32, 4), (64, 8)):
+            t = records_widen_time(49152, per_prog=e, num_warps=nw)
+            print(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
+                  f"{e} per program, {nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy",
+                  flush=True)
         for e, nw in ((8, 2), (16, 2), (32, 2), (32, 4), (64, 4)):
             t = records_copy_time(49152, per_prog=e, num_warps=nw, wide=True)
             print(f"records -> rows, random pages, one [E, 256] tile, {e} per program, {nw} warps: "

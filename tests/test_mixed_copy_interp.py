@@ -36,6 +36,9 @@ def _script() -> int:  # runs under TRITON_INTERPRET=1
     mixed_copy.records_copy_time(70, per_prog=64, block_size=64, use_bt=False, device="cpu")
     # one [E, 256] tile per program
     mixed_copy.records_copy_time(150, per_prog=16, block_size=64, wide=True, device="cpu")
+    # the faithful record -> row copy: a partial last program, 16-entry pages
+    mixed_copy.records_widen_time(150, per_prog=8, block_size=64, device="cpu")
+    mixed_copy.records_widen_time(37, per_prog=16, block_size=16, page_bytes=16 * 584 + 64, device="cpu")
     # the chunked copy with its reads in cache pages: random, linear, linear without lookup
     mixed_copy.chunk_pages_time(3 * 16, block_size=16, page_bytes=16 * 584 + 64, chunk_words=128,
                                 device="cpu")

@@ -6,15 +6,26 @@
 // [256+8L, ..) (8-byte loads) or, for L >= 24, RoPE values [8(L-24), ..) (16-byte loads).
 // The 8 scale bytes of the entry are one broadcast 8-byte load.
 //
-// Latency hiding: the block-table lookups for the next 32 entries of a warp are done
-// up front, one per lane, and handed out with shuffles; each iteration issues the loads
-// of kInFlight entries (default 4) before any store. The grid is (blocks per request, requests), sized
-// from the SM count and the kernel's occupancy so that the whole GPU is covered once. The
-// record loads carry the L2::256B prefetch-size hint (an entry's 576 data bytes span 2-3
-// aligned 256-byte blocks, read by three load instructions of the warp): 0.4-1.6% faster
-// than without it in four same-run comparisons on the H200 (2026-11-29). Record loads and
-// output stores also carry an L2 evict_first policy (each byte is touched once; 1-2.4% faster
-// in two same-run comparisons on the H200, 2026-11-30; kEvictFirst below).
+// Default layout (gather_k_warp_kernel): blocks of one warp, each gathering tiles of four
+// consecutive entries: lanes 0-3 look up the tile's block-table entries, the warp issues
+// the loads of all four records, then writes the four rows. The grid is one block per
+// tile, capped at four waves of resident blocks on the SM count. This is the shape of the
+// fastest portable record -> row copy we measured (one Triton program of one warp per four
+// records, 80% of copy bandwidth on the H200); it is 1-4% faster than the earlier
+// persistent layout below (same-run A/Bs, 2026-11-30 16:53 and 16:57 UTC).
+//
+// Persistent layout ($DEEPINFER_GATHER_LAYOUT=persistent, and the benchmark knobs below):
+// the block-table lookups for the next 32 entries of a warp are done up front, one per
+// lane, and handed out with shuffles; each iteration issues the loads of kInFlight entries
+// (default 4) before any store. The grid is (blocks per request, requests), sized from the
+// SM count and the kernel's occupancy so that the whole GPU is covered once.
+//
+// Both layouts: the record loads carry the L2::256B prefetch-size hint (an entry's 576
+// data bytes span 2-3 aligned 256-byte blocks, read by three load instructions of the
+// warp): 0.4-1.6% faster than without it in four same-run comparisons on the H200
+// (2026-11-29). Record loads and output stores also carry an L2 evict_first policy (each
+// byte is touched once; 1-2.4% faster in two same-run comparisons on the H200, 2026-11-30;
+// kEvictFirst below).
 //
 // Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
 // 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
@@ -36,6 +47,8 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
+constexpr int kWarpEntries = 4;  // entries per tile of gather_k_warp_kernel
+constexpr int kWarpWaves = 4;    // its grid cap, in waves of resident blocks
 
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
@@ -186,6 +199,84 @@ gather_k_kernel(const GatherKParams p) {
   }
 }
 
+// The default layout: one warp per block, each warp gathering kWarpEntries consecutive
+// entries at a time (tile t: entries [4t, 4t + 4)), tiles walked with stride gridDim.x.
+// Lane k < 4 resolves entry k of the tile (the bounds rules of gather_k_kernel), the warp
+// loads all four records and then writes the four rows (two 512-byte stores per row).
+template <bool kEvictFirst>
+__global__ void __launch_bounds__(32)
+gather_k_warp_kernel(const GatherKParams p) {
+  uint64_t pol = 0;
+  if constexpr (kEvictFirst) pol = l2_policy_evict_first();
+  const int lane = threadIdx.x;
+  const int r = blockIdx.y;
+  const int seq_len = p.seq_lens[r];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+  const int start = seq_len - gather_len;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < gather_len; first += step) {
+    const int64_t i = first + lane;
+    int64_t packed = -1;
+    if (lane < kWarpEntries && i < gather_len) {
+      const int64_t pos = start + i;
+      const int64_t blk = pos / p.block_size;
+      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
+        const int64_t phys = bt_row[blk * p.bt_stride1];
+        if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
+      }
+    }
+    int64_t ep[kWarpEntries];
+    EntryLoads e[kWarpEntries];
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
+    }
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) {
+        store_entry<false, kEvictFirst>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
+      }
+    }
+  }
+}
+
+template <bool kEvictFirst>
+int gather_warp_blocks_per_sm() {
+  static int cached = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst>, 32, 0) !=
+            cudaSuccess || n <= 0) {
+      n = 16;
+    }
+    return n;
+  }();
+  return cached;
+}
+
+// Grid: one block per tile, capped at kWarpWaves waves of resident blocks on lim.sm_count
+// SMs (split over the requests); past the cap each block walks several tiles. Measured on
+// the H200 (same-run A/B, 2026-11-30 16:57 UTC, docs/kernels-cache-index.md): one block per
+// tile is 1-4% faster than one wave of persistent blocks, and at the benchmark shapes the
+// cap of 4 waves leaves one block per tile on 108 SMs too. $DEEPINFER_GATHER_WARP_WAVES = n
+// (benchmark knob) sets the waves.
+template <bool kEvictFirst>
+void launch_warp(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write
+  if (rows <= 0) return;
+  int64_t x = (rows + kWarpEntries - 1) / kWarpEntries;
+  static const int waves = knob_int("DEEPINFER_GATHER_WARP_WAVES", kWarpWaves);
+  int64_t cap = static_cast<int64_t>(lim.sm_count) * gather_warp_blocks_per_sm<kEvictFirst>() *
+                (waves > 0 ? waves : kWarpWaves) / p.num_reqs;
+  if (cap < 1) cap = 1;
+  if (x > cap) x = cap;
+  dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
+  gather_k_warp_kernel<kEvictFirst><<<grid, 32, 0, stream>>>(p);
+}
+
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 int gather_blocks_per_sm() {
   static int cached = [] {
@@ -218,12 +309,15 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
   gather_k_kernel<kInFlight, kStreaming, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
-// Tuning knobs for benchmarks, read once per process:
+// Tuning knobs for benchmarks, read once per process (INFLIGHT, STORE and BLOCKS_PER_SM
+// select variants of the persistent layout):
+//   $DEEPINFER_GATHER_LAYOUT = persistent: the persistent layout instead of the default;
+//   $DEEPINFER_GATHER_WARP_WAVES = n (default 4): the default layout's grid cap in waves;
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
 //   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
 //   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size;
-//   $DEEPINFER_GATHER_L2POLICY = 0: no L2 evict_first policy on the default kernel's loads
-//   and stores (the other variants carry none).
+//   $DEEPINFER_GATHER_L2POLICY = 0: no L2 evict_first policy on the loads and stores of
+//   either layout's default kernel (the other variants carry none).
 int gather_variant() {
   static int v = [] {
     const int want = knob_int("DEEPINFER_GATHER_INFLIGHT", 4);
@@ -232,6 +326,11 @@ int gather_variant() {
     return inflight + (cs ? 1 : 0);
   }();
   return v;
+}
+
+bool gather_layout_persistent() {
+  static const bool on = knob_is("DEEPINFER_GATHER_LAYOUT", "persistent");
+  return on;
 }
 
 bool gather_l2_evict_first() {
@@ -250,7 +349,13 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
     default:
-      if (gather_l2_evict_first()) {
+      if (!gather_layout_persistent()) {
+        if (gather_l2_evict_first()) {
+          launch_warp<true>(p, lim, stream);
+        } else {
+          launch_warp<false>(p, lim, stream);
+        }
+      } else if (gather_l2_evict_first()) {
         launch<4, false, true>(p, lim, stream);
       } else {
         launch<4, false>(p, lim, stream);

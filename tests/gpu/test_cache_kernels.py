@@ -6,6 +6,7 @@ in full, so both wrong and missing writes fail. NaN outputs compare as NaN (thei
 bits differ between torch's CPU conversion and the GPU's)."""
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,10 +188,26 @@ def test_gather_bit_exact_random_bytes(ext, bs):
     kc = _random_cache(nb, bs, g)
     M = int(seq.max()) + 9
     _check_gather(ext, kc, seq, None, table, bs, 0, M, g)  # gather_lens None
+    # one SM: the grid cap (25 one-warp blocks for 5 requests) makes each block walk many tiles
+    _check_gather(ext, kc, seq, None, table, bs, 0, M, g, sm_count=1)
     gat = torch.tensor([0, 1, 20, bs, 5], dtype=torch.int32)  # incl. gather_len = seq_len
     _check_gather(ext, kc, seq, gat, table, bs, 7, M, g)
     _check_gather(ext, kc, seq, gat, table, bs, 7, M, g, sm_count=1)
     _check_gather(ext, kc, seq, gat, table, bs, 7, M, g, sm_count=108)
+
+
+@pytest.mark.skipif(os.environ.get("DEEPINFER_GATHER_LAYOUT") == "persistent",
+                    reason="already running under DEEPINFER_GATHER_LAYOUT=persistent")
+def test_gather_persistent_layout():
+    """The gather has two layouts (csrc/cache/gather_k.cu): one-warp tiles (default) and the
+    persistent one behind $DEEPINFER_GATHER_LAYOUT=persistent, read once per process. This
+    reruns every gather test in a fresh process with the persistent layout."""
+    env = dict(os.environ, DEEPINFER_GATHER_LAYOUT="persistent")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "gather and not persistent_layout"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"gather tests with DEEPINFER_GATHER_LAYOUT=persistent:\n{r.stdout[-4000:]}"
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
 def test_gather_strided_block_table_and_guards(ext):
