@@ -329,11 +329,17 @@ def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float)
     """Reference rows for the gather's read:write mix (bench/mixed_copy.py), without the
     gather and the decode: contiguous rows read at 584 bytes and written at 1024 (a simple
     masked kernel), and 16-byte chunks read 9 : written 16 (the best of three shapes: what
-    the memory system gives this mix)."""
+    the memory system gives this mix). Two more with the gather's page placement (random
+    64-entry cache pages through a block table, ``rows`` entries): the same page bytes read
+    in 2 KB chunks (``chunk_pages_time``, 2 warps per half page), and the faithful record ->
+    row copy (``records_widen_time``, every output byte computed from loaded bytes, one warp
+    per four records: the gather's traffic without the e4m3 arithmetic)."""
     try:
         import mixed_copy
         t = mixed_copy.widen_rows_time(rows, ENTRY_BYTES, 2 * HEAD)
         tc, moved, how = mixed_copy.chunk_mix_best(rows * (ENTRY_BYTES + 2 * HEAD))
+        tp, moved_p = mixed_copy.chunk_pages_time(rows, num_warps=2)
+        tr = mixed_copy.records_widen_time(rows, per_prog=4, num_warps=1)
     except Exception as e:  # triton missing or failing: the rows are context, not results
         report.check(f"gather {shape}: same-mix copy rows", False, f"{type(e).__name__}: {e}")
         return
@@ -342,6 +348,11 @@ def same_mix_row(report: common.Report, shape: str, rows: int, copy_gbps: float)
                   rows * (ENTRY_BYTES + 2 * HEAD), t, copy_gbps)
     reference_row(report, "dequantize_and_gather_k_cache", shape,
                   f"copy, 9:16 read:write mix ({how}; bytes within 0.1%)", moved, tc, copy_gbps)
+    reference_row(report, "dequantize_and_gather_k_cache", shape,
+                  "copy, 9:16 chunks from the random cache pages (2048 B, 2 warps)", moved_p, tp, copy_gbps)
+    reference_row(report, "dequantize_and_gather_k_cache", shape,
+                  "copy, records -> rows from the random cache pages, faithful (1 warp per 4)",
+                  rows * (ENTRY_BYTES + 2 * HEAD), tr, copy_gbps)
 
 
 def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: bool,
@@ -451,7 +462,11 @@ def main(argv: list[str] | None = None) -> int:
         "rotated to exceed 2x L2; 'copy, same bytes' = graph-replayed bitwise_not reading half "
         "and writing half of the row's bytes (the copy ceiling at this size); 'copy, same read:write mix' = contiguous "
         "584-byte rows -> 1024-byte rows (masked loads; not a ceiling); 'copy, 9:16 read:write mix' = 16-byte-aligned "
-        "chunks, 9 read per 16 written, the best of three shapes (bench/mixed_copy.py); gather bytes = 584 read + "
+        "chunks, 9 read per 16 written, the best of three shapes (bench/mixed_copy.py); 'from the random cache pages' = "
+        "the same page placement as the gather's inputs (64-entry pages in random order through a block table): "
+        "'9:16 chunks' reads each half page as 9 2 KB chunks and writes 16, 'records -> rows, faithful' writes each "
+        "record as a 1 KB row whose every byte is computed from loaded bytes (NoPE widened 1 -> 2 bytes and keyed by "
+        "the scale word, RoPE copied; no e4m3 arithmetic); gather bytes = 584 read + "
         "1024 written per entry; combine bytes = top-k entries read + 640x4 B row + 4 B length written per token")
     if impls.upstream_mod is not None:
         try:
