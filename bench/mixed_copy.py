@@ -140,6 +140,20 @@ def chunk_mix_best(total_bytes: int, read_chunks: int = 9, write_chunks: int = 1
     return best[1], best[2], best[3]
 
 
+def _paged_sets(pages: int, words: int, shuffle: bool, dst_shape: tuple, moved: int,
+                device: str) -> list:
+    """Input sets of the paged copies: (cache of ``pages`` pages of ``words`` random int32,
+    block table (a random permutation when ``shuffle``, else linear), empty int32 dst), as many
+    as rotate past twice the L2 on CUDA (``moved`` bytes per call), one on the CPU."""
+    sets = max(2, rotation_count(moved)) if device == "cuda" else 1
+    out = []
+    for _ in range(sets):
+        cache = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
+        bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
+        out.append((cache, bt, torch.empty(dst_shape, dtype=torch.int32, device=device)))
+    return out
+
+
 @triton.jit
 def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, HALF_WORDS: tl.constexpr,
                  RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.constexpr, BT: tl.constexpr):
@@ -179,12 +193,7 @@ def chunk_pages_time(entries: int, *, shuffle: bool = True, use_bt: bool = True,
     pages = -(-entries // block_size)
     progs = 2 * pages
     moved = progs * (9 + 16) * chunk_words * 4
-    sets = max(2, rotation_count(moved)) if device == "cuda" else 1
-    bufs = []
-    for _ in range(sets):
-        src = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
-        bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
-        bufs.append((src, bt, torch.empty(progs * 16 * chunk_words, dtype=torch.int32, device=device)))
+    bufs = _paged_sets(pages, words, shuffle, (progs * 16 * chunk_words,), moved, device)
     calls = [(lambda a=a, b=b, d=d: _chunk_pages[(progs,)](a, b, d, PAGE_WORDS=words, HALF_WORDS=half, RCH=9,
                                                        WCH=16, CH=chunk_words, BT=use_bt, num_warps=num_warps))
              for a, b, d in bufs]
@@ -282,12 +291,7 @@ def records_widen_time(entries: int, *, per_prog: int = 8, num_warps: int = 2, b
     copied). Checked against torch before timing; ``device="cpu"``: the check only."""
     words = page_bytes // 4
     pages = -(-entries // block_size)
-    sets = max(2, rotation_count(entries * (584 + 1024))) if device == "cuda" else 1
-    bufs = []
-    for _ in range(sets):
-        cache = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
-        bt = torch.randperm(pages, device=device).to(torch.int32)
-        bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
+    bufs = _paged_sets(pages, words, True, (entries, 256), entries * (584 + 1024), device)
     grid = (-(-entries // per_prog),)
     calls = [(lambda c=c, b=b, d=d: _records_widen[grid](c, b, d, entries, PAGE_WORDS=words, BS=block_size,
                                                         E=per_prog, num_warps=num_warps))
@@ -322,13 +326,7 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
         shuffle = False
     words = page_bytes // 4
     pages = -(-entries // block_size)
-    per_set = entries * (584 + 1024)
-    sets = max(2, rotation_count(per_set)) if device == "cuda" else 1
-    bufs = []
-    for _ in range(sets):
-        cache = torch.randint(-2**31, 2**31 - 1, (pages * words,), dtype=torch.int32, device=device)
-        bt = (torch.randperm(pages, device=device) if shuffle else torch.arange(pages, device=device)).to(torch.int32)
-        bufs.append((cache, bt, torch.empty(entries, 256, dtype=torch.int32, device=device)))
+    bufs = _paged_sets(pages, words, shuffle, (entries, 256), entries * (584 + 1024), device)
     grid = (-(-entries // per_prog),)
     if wide:
         scale, use_bt = True, True
@@ -396,11 +394,6 @@ if __name__ == "__main__":
                 t, moved = chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw)
                 print(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps: "
                       f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
-        for e, nw in ((4, 1), (8, 2), (16, 2), (16, 4), (32, 4), (64, 8)):
-            t = records_widen_time(49152, per_prog=e, num_warps=nw)
-            print(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
-                  f"{e} per program, {nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy",
-                  flush=True)
         for e, nw in ((8, 2), (16, 2), (32, 2), (32, 4), (64, 4)):
             t = records_copy_time(49152, per_prog=e, num_warps=nw, wide=True)
             print(f"records -> rows, random pages, one [E, 256] tile, {e} per program, {nw} warps: "

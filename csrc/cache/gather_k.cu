@@ -348,19 +348,15 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
     case 5: launch<4, true>(p, lim, stream); break;
     case 8: launch<8, false>(p, lim, stream); break;
     case 9: launch<8, true>(p, lim, stream); break;
-    default:
-      if (!gather_layout_persistent()) {
-        if (gather_l2_evict_first()) {
-          launch_warp<true>(p, lim, stream);
-        } else {
-          launch_warp<false>(p, lim, stream);
-        }
-      } else if (gather_l2_evict_first()) {
-        launch<4, false, true>(p, lim, stream);
+    default: {
+      const bool ef = gather_l2_evict_first();
+      if (gather_layout_persistent()) {
+        ef ? launch<4, false, true>(p, lim, stream) : launch<4, false>(p, lim, stream);
       } else {
-        launch<4, false>(p, lim, stream);
+        ef ? launch_warp<true>(p, lim, stream) : launch_warp<false>(p, lim, stream);
       }
       break;
+    }
   }
 }
 
