@@ -254,10 +254,11 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
 
 # ---------------------------------------------------------------- benchmarks -------------
 def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool,
-                 all_shapes: bool = False) -> None:
+                 all_shapes: bool = False, shapes: list[tuple[int, int]] | None = None) -> None:
     order = [k for k in impls.gather if k.startswith("ours")] + \
         [k for k in ("upstream", "portable") if k in impls.gather]
-    for reqs, n in GATHER_CASES[:2] if quick and not all_shapes else GATHER_CASES:
+    cases = shapes or (GATHER_CASES[:2] if quick and not all_shapes else GATHER_CASES)
+    for reqs, n in cases:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
         per_set = reqs * n * (ENTRY_BYTES + 2 * HEAD)
         nsets = common.rotation_count(per_set, max_sets=4)
@@ -423,6 +424,17 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
         torch.cuda.empty_cache()
 
 
+def parse_gather_shape(text: str) -> tuple[int, int]:
+    """'REQSxN' -> (requests, entries per request), both positive."""
+    try:
+        reqs, n = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gather shape {text!r}: expected REQSxN, e.g. 1x196608") from None
+    if reqs <= 0 or n <= 0:
+        raise argparse.ArgumentTypeError(f"gather shape {text!r}: both numbers must be positive")
+    return reqs, n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="gather/combine benchmark (GPU)")
     ap.add_argument("--tree", help="vLLM source tree for the upstream baseline")
@@ -431,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("gather", "combine"), help="one kernel's cases only")
     ap.add_argument("--all-shapes", action="store_true",
                     help="with --quick: every shape (still the quick replay counts)")
+    ap.add_argument("--gather-shape", action="append", type=parse_gather_shape, metavar="REQSxN",
+                    help="gather shape(s) to time instead of the standard ones, e.g. 1x196608 "
+                         "(repeatable; a diagnostic: implies --no-doc)")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
     ap.add_argument("--sm-count", type=int, default=108,
                     help="also time our kernels with the grid sized for this SM count "
@@ -474,11 +489,18 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             report.check("upstream kernels AOT compile check ran", False, repr(e)[:200])
     failed = False
+    if args.gather_shape:
+        args.no_doc = True
     for fn in (bench_gather, bench_combine):
         if args.only and fn.__name__ != f"bench_{args.only}":
             continue
+        if args.gather_shape and fn is bench_combine:
+            continue
         try:
-            fn(report, impls, copy_gbps, args.quick, args.all_shapes)
+            if fn is bench_gather:
+                fn(report, impls, copy_gbps, args.quick, args.all_shapes, args.gather_shape)
+            else:
+                fn(report, impls, copy_gbps, args.quick, args.all_shapes)
         except Exception as e:
             traceback.print_exc()
             report.check(f"{fn.__name__} completed", False, repr(e)[:300])

@@ -155,17 +155,17 @@ def _paged_sets(pages: int, words: int, shuffle: bool, dst_shape: tuple, moved: 
 
 
 @triton.jit
-def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, HALF_WORDS: tl.constexpr,
+def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, PART_WORDS: tl.constexpr, PARTS: tl.constexpr,
                  RCH: tl.constexpr, WCH: tl.constexpr, CH: tl.constexpr, BT: tl.constexpr):
-    # the chunked 9:16 copy with its reads in cache pages: program p reads half (p % 2) of
-    # the data region of page bt[p // 2] (BT) or page p // 2 (linear, no lookup), as RCH
-    # chunks of CH int32, and writes WCH chunks contiguously
+    # the chunked 9:16 copy with its reads in cache pages: program p reads part p % PARTS of
+    # the data region of page bt[p // PARTS] (BT) or page p // PARTS (linear, no lookup), as
+    # RCH chunks of CH int32, and writes WCH chunks contiguously
     p = tl.program_id(0).to(tl.int64)
     if BT:
-        page = tl.load(bt + p // 2).to(tl.int64)
+        page = tl.load(bt + p // PARTS).to(tl.int64)
     else:
-        page = p // 2
-    base = page * PAGE_WORDS + (p % 2) * HALF_WORDS
+        page = p // PARTS
+    base = page * PAGE_WORDS + (p % PARTS) * PART_WORDS
     c = tl.arange(0, CH)
     acc = tl.zeros([CH], dtype=tl.int32)
     for i in tl.static_range(RCH):
@@ -175,32 +175,35 @@ def _chunk_pages(src, bt, dst, PAGE_WORDS: tl.constexpr, HALF_WORDS: tl.constexp
 
 
 def chunk_pages_time(entries: int, *, shuffle: bool = True, use_bt: bool = True, chunk_words: int = 512,
-                     num_warps: int = 2, block_size: int = 64, page_bytes: int = 37440,
+                     num_warps: int = 2, block_size: int = 64, page_bytes: int = 37440, parts: int = 2,
                      replays: int = 30, device: str = "cuda") -> tuple[Timing | None, int]:
     """(graph-replayed time, bytes moved) of the chunked 9:16 copy whose reads are the data regions of
     ``entries / block_size`` cache pages (``page_bytes`` apart, in random order when
     ``shuffle``; ``use_bt=False``: linear, no block-table load) and whose writes are
     contiguous: the read:write mix and the page placement of the gather, without its
-    record granularity. Each page's data region (block_size x 576 bytes) is read as two
-    halves of 9 chunks; the writes are 16 chunks per half (1.78 : 1, the gather's 1.75).
-    Checked against torch before timing; ``device="cpu"``: the check only (time None)."""
+    record granularity. Each page's data region (block_size x 576 bytes) is read by
+    ``parts`` programs of 9 chunks each (``parts = 16`` at 64-entry pages: four records'
+    bytes per program, the gather's tile); the writes are 16 chunks per program (1.78 : 1,
+    the gather's 1.75). Checked against torch before timing; ``device="cpu"``: the check
+    only (time None)."""
     if not use_bt:
         shuffle = False
-    half = block_size * 144 // 2
-    if half % chunk_words or half // chunk_words != 9:
-        raise ValueError("chunk_pages_time: a half page must be 9 chunks")
+    part = block_size * 144 // parts
+    if part * parts != block_size * 144 or part % chunk_words or part // chunk_words != 9:
+        raise ValueError("chunk_pages_time: a page's part must be 9 chunks")
     words = page_bytes // 4
     pages = -(-entries // block_size)
-    progs = 2 * pages
+    progs = parts * pages
     moved = progs * (9 + 16) * chunk_words * 4
     bufs = _paged_sets(pages, words, shuffle, (progs * 16 * chunk_words,), moved, device)
-    calls = [(lambda a=a, b=b, d=d: _chunk_pages[(progs,)](a, b, d, PAGE_WORDS=words, HALF_WORDS=half, RCH=9,
-                                                       WCH=16, CH=chunk_words, BT=use_bt, num_warps=num_warps))
+    calls = [(lambda a=a, b=b, d=d: _chunk_pages[(progs,)](a, b, d, PAGE_WORDS=words, PART_WORDS=part,
+                                                       PARTS=parts, RCH=9, WCH=16, CH=chunk_words, BT=use_bt,
+                                                       num_warps=num_warps))
              for a, b, d in bufs]
     calls[0]()
     src, bt, dst = bufs[0]
-    halves = src.view(pages, words)[bt.long(), : 2 * half].reshape(progs, 9, chunk_words)
-    _check_chunk_xor(halves, dst, 16, "chunk_pages")
+    pieces = src.view(pages, words)[bt.long(), : parts * part].reshape(progs, 9, chunk_words)
+    _check_chunk_xor(pieces, dst, 16, "chunk_pages")
     return _time_checked(calls, device, replays), moved
 
 
@@ -382,6 +385,26 @@ if __name__ == "__main__":
             print(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
                   f"{e} per program, {nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy",
                   flush=True)
+        sys.exit(0)
+    if "--parts" in sys.argv:
+        # the chunked copy from random cache pages with smaller programs, down to the
+        # gather's tile (16 parts of a 64-entry page = four records' 2304 bytes per program)
+        for parts, cw, nw in ((2, 512, 2), (4, 256, 1), (4, 256, 2), (8, 128, 1), (16, 64, 1)):
+            t, moved = chunk_pages_time(49152, parts=parts, chunk_words=cw, num_warps=nw)
+            print(f"chunks 9:16 read from random cache pages, {parts} programs per page "
+                  f"({9 * cw * 4} B read each), {cw * 4} B chunks, {nw} warps: "
+                  f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+        # one wave or several: the same programs over 4x and 16x the entries (the 1 x 49,152
+        # shape's 1.5-6k programs fit on the GPU at once; 4x and 16x do not)
+        for n in (4 * 49152, 16 * 49152):
+            for parts, cw, nw in ((2, 512, 2), (4, 256, 1), (16, 64, 1)):
+                t, moved = chunk_pages_time(n, parts=parts, chunk_words=cw, num_warps=nw)
+                print(f"{n} entries: chunks 9:16 read from random cache pages, {parts} programs per page "
+                      f"({9 * cw * 4} B read each), {nw} warps: "
+                      f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+            t = records_widen_time(n, per_prog=4, num_warps=1)
+            print(f"{n} entries: records -> rows, faithful, random pages, 4 per program, 1 warp: "
+                  f"{t.median_us:.2f} us = {pct(n * (584 + 1024), t):.1f}% of copy", flush=True)
         sys.exit(0)
     if "--records-diag" in sys.argv:
         # which part of the record traffic costs: the scale-word stream, the block-table

@@ -46,6 +46,11 @@ def _script() -> int:  # runs under TRITON_INTERPRET=1
                                 shuffle=False, device="cpu")
     mixed_copy.chunk_pages_time(2 * 16, block_size=16, page_bytes=16 * 584 + 64, chunk_words=128,
                                 use_bt=False, device="cpu")
+    # smaller programs: 8 and 16 parts per page (the gather's four-record tile)
+    mixed_copy.chunk_pages_time(2 * 16, block_size=16, page_bytes=16 * 584 + 64, chunk_words=32,
+                                parts=8, device="cpu")
+    mixed_copy.chunk_pages_time(3 * 64, block_size=64, page_bytes=64 * 584 + 64, chunk_words=64,
+                                parts=16, device="cpu")
     print("RESULT ok")
     return 0
 

@@ -9,7 +9,7 @@
 // Default layout (gather_k_warp_kernel): blocks of one warp, each gathering tiles of four
 // consecutive entries: lanes 0-3 look up the tile's block-table entries, the warp issues
 // the loads of all four records, then writes the four rows. The grid is one block per
-// tile, capped at four waves of resident blocks on the SM count. This is the shape of the
+// tile, capped at 64 waves of resident blocks on the SM count. This is the shape of the
 // fastest portable record -> row copy we measured (one Triton program of one warp per four
 // records, 80% of copy bandwidth on the H200); it is 1-4% faster than the earlier
 // persistent layout below (same-run A/Bs, 2026-11-30 16:53 and 16:57 UTC).
@@ -48,7 +48,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
 constexpr int kWarpEntries = 4;  // entries per tile of gather_k_warp_kernel
-constexpr int kWarpWaves = 4;    // its grid cap, in waves of resident blocks
+constexpr int kWarpWaves = 64;   // its grid cap, in waves of resident blocks
 
 // 8 codes (one 64-bit chunk) of a group with scale byte s -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
@@ -259,10 +259,14 @@ int gather_warp_blocks_per_sm() {
 
 // Grid: one block per tile, capped at kWarpWaves waves of resident blocks on lim.sm_count
 // SMs (split over the requests); past the cap each block walks several tiles. Measured on
-// the H200 (same-run A/B, 2026-11-30 16:57 UTC, docs/kernels-cache-index.md): one block per
-// tile is 1-4% faster than one wave of persistent blocks, and at the benchmark shapes the
-// cap of 4 waves leaves one block per tile on 108 SMs too. $DEEPINFER_GATHER_WARP_WAVES = n
-// (benchmark knob) sets the waves.
+// the H200 (docs/kernels-cache-index.md): one block per tile is 1-4% faster than one wave of
+// persistent blocks at 49,152 entries (same-run A/B, 2026-11-30 16:57 UTC), and 1% / 3.6%
+// faster than a cap of 4 waves at 196,608 / 786,432 entries, where that cap made each block
+// walk 3 / 12 tiles (2026-11-30 18:11 UTC): blocks that walk a fixed share of the tiles
+// finish unevenly, fresh blocks are balanced by the block scheduler. The cap of 64 waves
+// binds only beyond ~270k entries per request on 132 SMs (~220k on 108, ~86k on an SM86
+// part with 84 SMs and 16 resident blocks each). $DEEPINFER_GATHER_WARP_WAVES = n
+// (benchmark and test knob) sets the waves.
 template <bool kEvictFirst>
 void launch_warp(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   const int64_t rows = p.out_rows - p.offset;  // upper bound of any gather_len we write

@@ -188,7 +188,9 @@ def test_gather_bit_exact_random_bytes(ext, bs):
     kc = _random_cache(nb, bs, g)
     M = int(seq.max()) + 9
     _check_gather(ext, kc, seq, None, table, bs, 0, M, g)  # gather_lens None
-    # one SM: the grid cap (25 one-warp blocks for 5 requests) makes each block walk many tiles
+    # one SM: the grid cap (64 waves of one-warp blocks, split over 5 requests) is below the
+    # longest request's tiles at bs = 64, so some blocks walk two tiles; the rerun under
+    # DEEPINFER_GATHER_WARP_WAVES=1 below makes every block walk many
     _check_gather(ext, kc, seq, None, table, bs, 0, M, g, sm_count=1)
     gat = torch.tensor([0, 1, 20, bs, 5], dtype=torch.int32)  # incl. gather_len = seq_len
     _check_gather(ext, kc, seq, gat, table, bs, 7, M, g)
@@ -196,17 +198,21 @@ def test_gather_bit_exact_random_bytes(ext, bs):
     _check_gather(ext, kc, seq, gat, table, bs, 7, M, g, sm_count=108)
 
 
-@pytest.mark.skipif(os.environ.get("DEEPINFER_GATHER_LAYOUT") == "persistent",
-                    reason="already running under DEEPINFER_GATHER_LAYOUT=persistent")
-def test_gather_persistent_layout():
-    """The gather has two layouts (csrc/cache/gather_k.cu): one-warp tiles (default) and the
-    persistent one behind $DEEPINFER_GATHER_LAYOUT=persistent, read once per process. This
-    reruns every gather test in a fresh process with the persistent layout."""
-    env = dict(os.environ, DEEPINFER_GATHER_LAYOUT="persistent")
+@pytest.mark.parametrize("knob,value", [("DEEPINFER_GATHER_LAYOUT", "persistent"),
+                                        ("DEEPINFER_GATHER_WARP_WAVES", "1")])
+def test_gather_layout_knobs(knob, value):
+    """The gather's layout knobs (csrc/cache/gather_k.cu) are read once per process, so each
+    setting reruns every gather test in a fresh process: the persistent layout instead of
+    the one-warp tiles; and the tile kernel's grid capped at one wave of resident blocks,
+    which with sm_count=1 makes every block walk many tiles (6 blocks per request for up to
+    593 tiles)."""
+    if os.environ.get(knob) == value:
+        pytest.skip(f"already running under {knob}={value}")
+    env = dict(os.environ, **{knob: value})
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "gather and not persistent_layout"],
+                        "-k", "gather and not layout_knobs"],
                        env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"gather tests with DEEPINFER_GATHER_LAYOUT=persistent:\n{r.stdout[-4000:]}"
+    assert r.returncode == 0, f"gather tests with {knob}={value}:\n{r.stdout[-4000:]}"
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
