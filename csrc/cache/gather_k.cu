@@ -264,7 +264,7 @@ int gather_warp_blocks_per_sm() {
 // faster than a cap of 4 waves at 196,608 / 786,432 entries, where that cap made each block
 // walk 3 / 12 tiles (2026-11-30 18:11 UTC): blocks that walk a fixed share of the tiles
 // finish unevenly, fresh blocks are balanced by the block scheduler. The cap of 64 waves
-// binds only beyond ~270k entries per request on 132 SMs (~220k on 108, ~86k on an SM86
+// binds only beyond ~1.08M entries per call on 132 SMs (~885k on 108, ~344k on an SM86
 // part with 84 SMs and 16 resident blocks each). $DEEPINFER_GATHER_WARP_WAVES = n
 // (benchmark and test knob) sets the waves.
 template <bool kEvictFirst>
