@@ -5,7 +5,9 @@
 # from random cache pages by program size, and the one-wave question; GS_PARTS=0 skips it).
 # From the GPU bundle (make gpu-bundle; carry dist):
 #   bash scripts/device/gather_sizes.sh
-# GS_SHAPES: other bench_cache.py --gather-shape arguments. GS_VARIANTS: space-separated
+# GS_OVERHEAD=1: also bench/gather_overhead.py (the per-call cost: idle grid, 1/8 gathered,
+# one more graph node). GS_SHAPES: other bench_cache.py --gather-shape arguments.
+# GS_VARIANTS: space-separated
 # NAME=ENV=VAL,ENV=VAL knob settings, each timed after the default (the gather tests run
 # under each first).
 set -uo pipefail
@@ -22,6 +24,7 @@ for v in default ${GS_VARIANTS:-}; do
   grep -E "^\| dequant|FAIL|results:" "$OUT/bench-sizes-$name.log"
   cp "$(ls -t bench/results/bench_cache_*.json | head -1)" "$RES/" 2>/dev/null
 done
+[ "${GS_OVERHEAD:-0}" = 1 ] && { $PY bench/gather_overhead.py 2>&1 | tee "$OUT/overhead.log" || rc=1; }
 [ "${GS_PARTS:-1}" = 0 ] || (cd bench && timeout 240 ../$PY mixed_copy.py --parts) 2>&1 | tee "$OUT/parts.log" || rc=1
 echo "gather_sizes.sh rc=$rc"
 exit $rc
