@@ -491,16 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     if args.gather_shape:
         args.no_doc = True
-    for fn in (bench_gather, bench_combine):
+    for fn, extra in ((bench_gather, {"shapes": args.gather_shape}), (bench_combine, {})):
         if args.only and fn.__name__ != f"bench_{args.only}":
             continue
         if args.gather_shape and fn is bench_combine:
             continue
         try:
-            if fn is bench_gather:
-                fn(report, impls, copy_gbps, args.quick, args.all_shapes, args.gather_shape)
-            else:
-                fn(report, impls, copy_gbps, args.quick, args.all_shapes)
+            fn(report, impls, copy_gbps, args.quick, args.all_shapes, **extra)
         except Exception as e:
             traceback.print_exc()
             report.check(f"{fn.__name__} completed", False, repr(e)[:300])

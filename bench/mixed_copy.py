@@ -357,8 +357,9 @@ def records_copy_time(entries: int, *, shuffle: bool = True, per_prog: int = 8, 
 
 
 if __name__ == "__main__":
-    # python bench/mixed_copy.py [--records]: the gather's mix (584:1024 ~ 9:16) and 1:1 in
-    # chunks, 79 MB; --records: the gather's own record -> row traffic without the decode
+    # python bench/mixed_copy.py [--records | --records-diag | --widen | --parts]: the gather's
+    # mix (584:1024 ~ 9:16) and 1:1 in chunks, 79 MB; --records: the gather's own record -> row
+    # traffic without the decode; --records-diag, --widen, --parts: the 2026-11-30 diagnostics
     import sys
 
     import common
@@ -368,82 +369,73 @@ if __name__ == "__main__":
     ceil = common.copy_bandwidth()["gbps_read_plus_write"]
     total = 49152 * (584 + 1024)
     print(f"copy ceiling {ceil:.0f} GB/s; {total / 1e6:.1f} MB per call")
-    pct = lambda nbytes, t: 100 * nbytes / (t.median_us * 1e3) / ceil  # noqa: E731
-    t = widen_rows_time(49152, 584, 1024)
-    print(f"rows 584->1024 (bench_cache's row): {t.median_us:.2f} us = {pct(total, t):.1f}% of copy")
+
+    def show(what: str, t: Timing, nbytes: int) -> None:
+        print(f"{what}: {t.median_us:.2f} us = {100 * nbytes / (t.median_us * 1e3) / ceil:.1f}% of copy",
+              flush=True)
+
+    show("rows 584->1024 (bench_cache's row)", widen_rows_time(49152, 584, 1024), total)
     if "--widen" in sys.argv:
         # the faithful record -> row copy next to the chunked copy from cache pages and the
         # record copy whose rows are partly constant (the 2026-11-30 diagnostics)
-        t, moved = chunk_pages_time(49152, num_warps=2)
-        print(f"chunks 9:16 read from cache pages, random pages, 2048 B chunks, 2 warps: "
-              f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
-        t = records_copy_time(49152, per_prog=8, num_warps=2)
-        print(f"records -> rows, random pages (448 B of each row constant), 8 per program, 2 warps: "
-              f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+        show("chunks 9:16 read from cache pages, random pages, 2048 B chunks, 2 warps",
+             *chunk_pages_time(49152, num_warps=2))
+        show("records -> rows, random pages (448 B of each row constant), 8 per program, 2 warps",
+             records_copy_time(49152, per_prog=8, num_warps=2), total)
         for e, nw in ((4, 1), (8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8)):
-            t = records_widen_time(49152, per_prog=e, num_warps=nw)
-            print(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
-                  f"{e} per program, {nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy",
-                  flush=True)
+            show(f"records -> rows, faithful (widened NoPE, keyed by the scale word), random pages, "
+                 f"{e} per program, {nw} warps", records_widen_time(49152, per_prog=e, num_warps=nw), total)
         sys.exit(0)
     if "--parts" in sys.argv:
-        # the chunked copy from random cache pages with smaller programs, down to the
-        # gather's tile (16 parts of a 64-entry page = four records' 2304 bytes per program)
-        for parts, cw, nw in ((2, 512, 2), (4, 256, 1), (4, 256, 2), (8, 128, 1), (16, 64, 1)):
-            t, moved = chunk_pages_time(49152, parts=parts, chunk_words=cw, num_warps=nw)
-            print(f"chunks 9:16 read from random cache pages, {parts} programs per page "
-                  f"({9 * cw * 4} B read each), {cw * 4} B chunks, {nw} warps: "
-                  f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
-        # one wave or several: the same programs over 4x and 16x the entries (the 1 x 49,152
-        # shape's 1.5-6k programs fit on the GPU at once; 4x and 16x do not)
-        for n in (4 * 49152, 16 * 49152):
-            for parts, cw, nw in ((2, 512, 2), (4, 256, 1), (16, 64, 1)):
-                t, moved = chunk_pages_time(n, parts=parts, chunk_words=cw, num_warps=nw)
-                print(f"{n} entries: chunks 9:16 read from random cache pages, {parts} programs per page "
-                      f"({9 * cw * 4} B read each), {nw} warps: "
-                      f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
-            t = records_widen_time(n, per_prog=4, num_warps=1)
-            print(f"{n} entries: records -> rows, faithful, random pages, 4 per program, 1 warp: "
-                  f"{t.median_us:.2f} us = {pct(n * (584 + 1024), t):.1f}% of copy", flush=True)
+        # the chunked copy from random cache pages by program size, down to the gather's tile
+        # (16 parts of a 64-entry page = four records' 2304 bytes per program), next to the
+        # faithful record copy; at 49,152 entries (where 1.5-6k programs fit on the GPU at
+        # once) and at 4x and 16x that (where they do not)
+        for n in (49152, 4 * 49152, 16 * 49152):
+            small = n == 49152
+            chunks = ((2, 512, 2), (4, 256, 1), (4, 256, 2), (8, 128, 1), (16, 64, 1)) if small else \
+                ((2, 512, 2), (4, 256, 1), (16, 64, 1))
+            for parts, cw, nw in chunks:
+                show(f"{n} entries: chunks 9:16 read from random cache pages, {parts} programs per page "
+                     f"({9 * cw * 4} B read each), {nw} warps",
+                     *chunk_pages_time(n, parts=parts, chunk_words=cw, num_warps=nw))
+            for e, nw in ((4, 1), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2)) if small else ((4, 1),):
+                show(f"{n} entries: records -> rows, faithful, random pages, {e} per program, {nw} warps",
+                     records_widen_time(n, per_prog=e, num_warps=nw), n * (584 + 1024))
         sys.exit(0)
     if "--records-diag" in sys.argv:
         # which part of the record traffic costs: the scale-word stream, the block-table
         # indirection, the program size (64 = one whole page per program)
         t, moved, how = chunk_mix_best(total)
-        print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")
+        show(f"chunks 9:16 best ({how})", t, moved)
         for nw in (2, 4):
             for shuffle, use_bt, what in ((True, True, "random pages"), (False, True, "linear pages"),
                                           (False, False, "linear, no block table")):
-                t, moved = chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw)
-                print(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps: "
-                      f"{t.median_us:.2f} us = {pct(moved, t):.1f}% of copy", flush=True)
+                show(f"chunks 9:16 read from cache pages, {what}, 2048 B chunks, {nw} warps",
+                     *chunk_pages_time(49152, shuffle=shuffle, use_bt=use_bt, num_warps=nw))
         for e, nw in ((8, 2), (16, 2), (32, 2), (32, 4), (64, 4)):
-            t = records_copy_time(49152, per_prog=e, num_warps=nw, wide=True)
-            print(f"records -> rows, random pages, one [E, 256] tile, {e} per program, {nw} warps: "
-                  f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+            show(f"records -> rows, random pages, one [E, 256] tile, {e} per program, {nw} warps",
+                 records_copy_time(49152, per_prog=e, num_warps=nw, wide=True), total)
         for e, nw in ((8, 2), (32, 8), (64, 4), (64, 8)):
             for shuffle, scale, use_bt, what in ((True, True, True, "random pages"),
                                                  (True, False, True, "random pages, no scale read"),
                                                  (False, True, False, "linear pages, no block table"),
                                                  (False, False, False, "linear, no block table, no scale")):
-                t = records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw, scale=scale,
-                                      use_bt=use_bt)
-                print(f"records -> rows, {what}, {e} per program, {nw} warps: "
-                      f"{t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+                show(f"records -> rows, {what}, {e} per program, {nw} warps",
+                     records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw, scale=scale,
+                                       use_bt=use_bt), total)
         sys.exit(0)
     if "--records" in sys.argv:
         t, moved, how = chunk_mix_best(total)
-        print(f"chunks 9:16 best ({how}): {t.median_us:.2f} us = {pct(moved, t):.1f}% of copy")
+        show(f"chunks 9:16 best ({how})", t, moved)
         for shuffle in (True, False):
             for e, nw in ((4, 1), (8, 2), (16, 4), (32, 4), (32, 8)):
-                t = records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw)
-                print(f"records -> rows, pages {'random' if shuffle else 'linear'}, {e} per program, "
-                      f"{nw} warps: {t.median_us:.2f} us = {pct(total, t):.1f}% of copy", flush=True)
+                show(f"records -> rows, pages {'random' if shuffle else 'linear'}, {e} per program, {nw} warps",
+                     records_copy_time(49152, shuffle=shuffle, per_prog=e, num_warps=nw), total)
         sys.exit(0)
     for rch, wch in ((9, 16), (1, 1)):
         for cw in (256, 512, 1024):
             for nw in (2, 4, 8):
-                t = chunk_mix_time(total, rch, wch, chunk_words=cw, num_warps=nw)
-                moved = chunk_mix_bytes(total, rch, wch, cw)
-                print(f"chunks {rch}:{wch} x {cw * 4} B, {nw} warps: {t.median_us:.2f} us = "
-                      f"{pct(moved, t):.1f}% of copy", flush=True)
+                show(f"chunks {rch}:{wch} x {cw * 4} B, {nw} warps",
+                     chunk_mix_time(total, rch, wch, chunk_words=cw, num_warps=nw),
+                     chunk_mix_bytes(total, rch, wch, cw))
