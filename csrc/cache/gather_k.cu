@@ -140,6 +140,21 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
+// Entry i of a request (0 <= i < gather_len) -> (physical block << 16) | position in block,
+// or -1 when it must be skipped: an out-of-range position, block-table column, block id or
+// output row is never read or written.
+__device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
+                                                 int start, int64_t i) {
+  int64_t packed = -1;
+  const int64_t pos = start + i;
+  const int64_t blk = pos / p.block_size;
+  if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
+    const int64_t phys = bt_row[blk * p.bt_stride1];
+    if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
+  }
+  return packed;
+}
+
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kThreads)
 gather_k_kernel(const GatherKParams p) {
@@ -159,21 +174,10 @@ gather_k_kernel(const GatherKParams p) {
 
   // Batches of up to 32 entries per warp: entry i_k = base + k * nwarps, k < 32.
   for (int64_t base = warp; base < gather_len; base += 32 * nwarps) {
-    // Lane k resolves entry i_k: (physical block << 16) | position in block, or -1 when
-    // the entry must be skipped (out-of-range position, block-table column, block id or
-    // output row: never read or written out of bounds).
+    // Lane k resolves entry i_k (resolve_entry).
     const int64_t i = base + lane * nwarps;
     int64_t packed = -1;
-    if (i < gather_len) {
-      const int64_t pos = start + i;
-      const int64_t blk = pos / p.block_size;
-      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-        const int64_t phys = bt_row[blk * p.bt_stride1];
-        if (phys >= 0 && phys < p.num_blocks) {
-          packed = (phys << 16) | (pos - blk * p.block_size);
-        }
-      }
-    }
+    if (i < gather_len) packed = resolve_entry(p, bt_row, start, i);
     const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
     for (int k = 0; k < n; k += kInFlight) {
@@ -201,7 +205,7 @@ gather_k_kernel(const GatherKParams p) {
 
 // The default layout: one warp per block, each warp gathering kWarpEntries consecutive
 // entries at a time (tile t: entries [4t, 4t + 4)), tiles walked with stride gridDim.x.
-// Lane k < 4 resolves entry k of the tile (the bounds rules of gather_k_kernel), the warp
+// Lane k < 4 resolves entry k of the tile (resolve_entry), the warp
 // loads all four records and then writes the four rows (two 512-byte stores per row).
 template <bool kEvictFirst>
 __global__ void __launch_bounds__(32)
@@ -219,14 +223,7 @@ gather_k_warp_kernel(const GatherKParams p) {
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < gather_len; first += step) {
     const int64_t i = first + lane;
     int64_t packed = -1;
-    if (lane < kWarpEntries && i < gather_len) {
-      const int64_t pos = start + i;
-      const int64_t blk = pos / p.block_size;
-      if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-        const int64_t phys = bt_row[blk * p.bt_stride1];
-        if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
-      }
-    }
+    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
     int64_t ep[kWarpEntries];
     EntryLoads e[kWarpEntries];
 #pragma unroll
