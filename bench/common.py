@@ -243,6 +243,15 @@ def command_line() -> str:
     return f"{outer} (runs: {py})" if outer else py
 
 
+def environment_knobs() -> dict[str, str]:
+    """The ``DEEPINFER_*`` variables of this run (kernel knobs such as
+    ``DEEPINFER_GATHER_EXP``, the extension path ``DEEPINFER_SM80_EXT``), except the command
+    line, which ``command_line`` records: a run under a knob or another build says so in its
+    JSON and its markdown section."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("DEEPINFER_") and k != "DEEPINFER_BENCH_COMMAND"}
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -262,6 +271,7 @@ class Report:
     def __post_init__(self) -> None:
         self.meta.setdefault("date", utc_now())
         self.meta.setdefault("command", command_line())
+        self.meta.setdefault("environment", environment_knobs())
         self.meta.update(device_info())
 
     def add(self, **row: Any) -> dict[str, Any]:
@@ -309,6 +319,9 @@ class Report:
                  f"triton {m['triton']}, Python {m['python']}",
                  f"- Date: {m['date']}",
                  f"- Command: `{m['command']}`"]
+        if m.get("environment"):
+            lines.append("- Set for this run (kernel knobs, extension): "
+                         + ", ".join(f"`{k}={v}`" for k, v in m["environment"].items()))
         if "copy" in m:
             both = [m[k]["gbps_read_plus_write"] for k in ("copy_start", "copy", "copy_end")
                     if k in m]

@@ -42,6 +42,8 @@ def test_rotation_count(common):
 
 
 def test_report_json_and_markdown_section(common, tmp_path, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("DEEPINFER_")]:
+        monkeypatch.delenv(k)
     monkeypatch.setenv("DEEPINFER_BENCH_COMMAND", "make bench")
     r = common.Report(name="demo", title="Demo run", columns=["kernel", "median_us", "ok"])
     r.meta["copy"] = {"gbps_read_plus_write": 4000.0, "method": "m"}
@@ -66,6 +68,21 @@ def test_report_json_and_markdown_section(common, tmp_path, monkeypatch):
     new = tmp_path / "new.md"  # a missing doc gets created with the section appended
     r.write_markdown(new)
     assert new.read_text().startswith("# Benchmarks") and "<!-- END demo -->" in new.read_text()
+    assert data["meta"]["environment"] == {} and "Set for this run" not in text
+
+
+def test_report_records_knobs_of_the_run(common, monkeypatch):
+    """A run under a kernel knob or another extension build says so (JSON and markdown)."""
+    for k in [k for k in os.environ if k.startswith("DEEPINFER_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("DEEPINFER_BENCH_COMMAND", "make bench")
+    monkeypatch.setenv("DEEPINFER_GATHER_EXP", "2")
+    monkeypatch.setenv("DEEPINFER_SM80_EXT", "/tmp/ab-so/new.so")
+    r = common.Report(name="demo", title="Demo run", columns=["kernel"])
+    assert r.meta["environment"] == {"DEEPINFER_GATHER_EXP": "2",
+                                     "DEEPINFER_SM80_EXT": "/tmp/ab-so/new.so"}
+    assert ("- Set for this run (kernel knobs, extension): `DEEPINFER_GATHER_EXP=2`, "
+            "`DEEPINFER_SM80_EXT=/tmp/ab-so/new.so`") in r.markdown()
 
 
 def _fake_tree(root: Path) -> Path:
