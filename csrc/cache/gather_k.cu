@@ -313,7 +313,8 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 // Tuning knobs for benchmarks, read once per process (INFLIGHT, STORE and BLOCKS_PER_SM
 // select variants of the persistent layout):
 //   $DEEPINFER_GATHER_LAYOUT = persistent: the persistent layout instead of the default;
-//   $DEEPINFER_GATHER_WARP_WAVES = n (default 4): the default layout's grid cap in waves;
+//   $DEEPINFER_GATHER_WARP_WAVES = n (default kWarpWaves = 64): the default layout's grid
+//   cap in waves;
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;
 //   $DEEPINFER_GATHER_STORE = cs: streaming (evict-first) stores of the output rows;
 //   $DEEPINFER_GATHER_BLOCKS_PER_SM = n: at most n resident blocks per SM in the grid size;
