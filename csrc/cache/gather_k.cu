@@ -241,12 +241,26 @@ gather_k_warp_kernel(const GatherKParams p) {
   }
 }
 
+// $DEEPINFER_GATHER_SMEM_PAD = bytes (benchmark and test knob, at most 48 KB): launch the tile
+// kernel with that much unused dynamic shared memory, so that fewer of its one-warp blocks
+// are resident per SM. It emulates the residency of a part with fewer block slots per SM on
+// a GPU with more: 13,312 bytes leave 16 per SM on an H200 (228 KB per SM, 1 KB reserved per
+// block), the limit of an SM86 part (A100 and H200 allow 32).
+int gather_smem_pad() {
+  static const int pad = [] {
+    const int b = knob_int("DEEPINFER_GATHER_SMEM_PAD", 0);
+    return b > 0 && b <= 48 * 1024 ? b : 0;
+  }();
+  return pad;
+}
+
 template <bool kEvictFirst>
 int gather_warp_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst>, 32, 0) !=
-            cudaSuccess || n <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst>, 32,
+                                                      gather_smem_pad()) != cudaSuccess ||
+        n <= 0) {
       n = 16;
     }
     return n;
@@ -275,7 +289,7 @@ void launch_warp(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t s
   if (cap < 1) cap = 1;
   if (x > cap) x = cap;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_warp_kernel<kEvictFirst><<<grid, 32, 0, stream>>>(p);
+  gather_k_warp_kernel<kEvictFirst><<<grid, 32, gather_smem_pad(), stream>>>(p);
 }
 
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
@@ -313,6 +327,7 @@ void launch(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream
 // Tuning knobs for benchmarks, read once per process (INFLIGHT, STORE and BLOCKS_PER_SM
 // select variants of the persistent layout):
 //   $DEEPINFER_GATHER_LAYOUT = persistent: the persistent layout instead of the default;
+//   $DEEPINFER_GATHER_SMEM_PAD = bytes: fewer resident tile blocks per SM (gather_smem_pad);
 //   $DEEPINFER_GATHER_WARP_WAVES = n (default kWarpWaves = 64): the default layout's grid
 //   cap in waves;
 //   $DEEPINFER_GATHER_INFLIGHT = 2 | 4 | 8 (default 4): entries a warp keeps in flight;

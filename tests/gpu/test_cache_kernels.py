@@ -199,13 +199,14 @@ def test_gather_bit_exact_random_bytes(ext, bs):
 
 
 @pytest.mark.parametrize("knob,value", [("DEEPINFER_GATHER_LAYOUT", "persistent"),
-                                        ("DEEPINFER_GATHER_WARP_WAVES", "1")])
+                                        ("DEEPINFER_GATHER_WARP_WAVES", "1"),
+                                        ("DEEPINFER_GATHER_SMEM_PAD", "13312")])
 def test_gather_layout_knobs(knob, value):
     """The gather's layout knobs (csrc/cache/gather_k.cu) are read once per process, so each
     setting reruns every gather test in a fresh process: the persistent layout instead of
-    the one-warp tiles; and the tile kernel's grid capped at one wave of resident blocks,
+    the one-warp tiles; the tile kernel's grid capped at one wave of resident blocks,
     which with sm_count=1 makes every block walk many tiles (6 blocks per request for up to
-    593 tiles)."""
+    593 tiles); and the tile blocks launched with unused shared memory (SM86 residency)."""
     if os.environ.get(knob) == value:
         pytest.skip(f"already running under {knob}={value}")
     env = dict(os.environ, **{knob: value})
