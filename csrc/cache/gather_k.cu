@@ -205,8 +205,8 @@ gather_k_kernel(const GatherKParams p) {
 
 // The default layout: one warp per block, each warp gathering kWarpEntries consecutive
 // entries at a time (tile t: entries [4t, 4t + 4)), tiles walked with stride gridDim.x.
-// Lane k < 4 resolves entry k of the tile (resolve_entry), the warp
-// loads all four records and then writes the four rows (two 512-byte stores per row).
+// Lane k < 4 resolves entry k of the tile (resolve_entry), the warp loads all four records
+// and then writes the four rows (two 512-byte stores per row).
 template <bool kEvictFirst>
 __global__ void __launch_bounds__(32)
 gather_k_warp_kernel(const GatherKParams p) {
