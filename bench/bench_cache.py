@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --quick: every shape (still the quick replay counts)")
     ap.add_argument("--gather-shape", action="append", type=parse_gather_shape, metavar="REQSxN",
                     help="gather shape(s) to time instead of the standard ones, e.g. 1x196608 "
-                         "(repeatable; a diagnostic: implies --no-doc)")
+                         "(repeatable; a diagnostic: implies --only gather and --no-doc)")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
     ap.add_argument("--sm-count", type=int, default=108,
                     help="also time our kernels with the grid sized for this SM count "
@@ -453,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ours-only", action="store_true",
                     help="time only our kernels (variant sweeps); no upstream/portable baselines")
     args = ap.parse_args(argv)
+    if args.gather_shape:
+        if args.only == "combine":
+            ap.error("--gather-shape times the gather; it cannot go with --only combine")
+        args.only, args.no_doc = "gather", True
     common.require_cuda()
     impls = Impls(args.tree, args.sm_count, baselines=not args.ours_only)
     report = common.Report(
@@ -489,12 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             report.check("upstream kernels AOT compile check ran", False, repr(e)[:200])
     failed = False
-    if args.gather_shape:
-        args.no_doc = True
     for fn, extra in ((bench_gather, {"shapes": args.gather_shape}), (bench_combine, {})):
         if args.only and fn.__name__ != f"bench_{args.only}":
-            continue
-        if args.gather_shape and fn is bench_combine:
             continue
         try:
             fn(report, impls, copy_gbps, args.quick, args.all_shapes, **extra)
