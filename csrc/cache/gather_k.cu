@@ -67,6 +67,32 @@ __device__ __forceinline__ uint4 decode8(uint2 codes, uint32_t s) {
   });
 }
 
+// Measurement builds only (scripts/device/gather_timeline.cu defines DEEPINFER_GATHER_TIMELINE
+// and includes this file): lane 0 of each block of the tile kernel records %globaltimer when
+// the block starts, when its tile's lookups have resolved and when its record loads have
+// arrived, and the SM it ran on, in g_gather_timeline[4 * block + slot] (slot 3: the SM id).
+// A mark waits for its `dep` value: the timer is read under a predicate computed from it.
+// The shipped build compiles none of this.
+#ifdef DEEPINFER_GATHER_TIMELINE
+__device__ unsigned long long* g_gather_timeline = nullptr;
+__device__ __forceinline__ void gather_timeline_mark(int slot, uint32_t dep, int lane) {
+  unsigned long long t = 0;
+  if (dep != 0x7F7F7F7Fu) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+  if (lane == 0 && g_gather_timeline != nullptr) {
+    const int64_t b = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+    g_gather_timeline[4 * b + slot] = t;
+    if (slot == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_gather_timeline[4 * b + 3] = sm;
+    }
+  }
+}
+#define GATHER_TIMELINE(slot, dep, lane) gather_timeline_mark(slot, dep, lane)
+#else
+#define GATHER_TIMELINE(slot, dep, lane) ((void)0)
+#endif
+
 struct EntryLoads {
   uint2 a;       // NoPE codes [8L, 8L+8)
   uint4 b;       // NoPE codes [256+8L, ..) in b.x/b.y (L < 24) or RoPE bf16 (L >= 24)
@@ -214,6 +240,7 @@ gather_k_warp_kernel(const GatherKParams p) {
   if constexpr (kEvictFirst) pol = l2_policy_evict_first();
   const int lane = threadIdx.x;
   const int r = blockIdx.y;
+  GATHER_TIMELINE(0, 0u, lane);
   const int seq_len = p.seq_lens[r];
   const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
   const int start = seq_len - gather_len;
@@ -228,10 +255,21 @@ gather_k_warp_kernel(const GatherKParams p) {
     EntryLoads e[kWarpEntries];
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+    GATHER_TIMELINE(1, static_cast<uint32_t>(ep[kWarpEntries - 1]), lane);
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
       if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
     }
+#ifdef DEEPINFER_GATHER_TIMELINE
+    {
+      uint32_t dep = 0;
+#pragma unroll
+      for (int j = 0; j < kWarpEntries; ++j) {
+        if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
+      }
+      GATHER_TIMELINE(2, dep, lane);
+    }
+#endif
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
       if (ep[j] >= 0) {

@@ -1,0 +1,475 @@
+// Where a gather call's time goes: per-block %globaltimer timelines of the shipped tile
+// gather (csrc/cache/gather_k.cu, built here with DEEPINFER_GATHER_TIMELINE) next to two
+// copy kernels with the same one-warp-block shape, instrumented the same way:
+//   copy   - the same bytes, read half and write half (each block: 4 KB in, 4 KB out);
+//   widen  - contiguous 584 -> 1024-byte rows, four per block (the gather's read:write mix
+//            and tile, no paging, no lookups, no decode).
+// For each kernel: graph-replayed per-call time (median of 30 replays of 20 calls cycling
+// through input sets that rotate past the L2, like bench/common.py), then one timed call whose
+// blocks record when they started, (gather) when their lookups resolved, when their loads
+// arrived, and their SM. Printed: dispatch (when the k-th block started), load latency by
+// start time, and the rate at which loaded bytes arrive in 1 us bins, with the ramp (time to
+// 90% of the steady rate) and the tail (time after the rate falls below 90%).
+//
+//   nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 \
+//        -o /tmp/gtl scripts/device/gather_timeline.cu && /tmp/gtl 49152 1
+// Arguments: entries per request, requests (default 49152 1). Needs only the CUDA runtime.
+#define DEEPINFER_GATHER_TIMELINE 1
+#include "cache/gather_k.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+namespace gtl {
+using namespace deepinfer_sm80;
+
+constexpr int kBlockSize = 64;                 // entries per cache page (bench_cache C4_BLOCK)
+constexpr int kPageStride = 65 * 576;          // bench_cache.page_stride(64) = 37,440 bytes
+
+__device__ unsigned long long* g_copy_timeline = nullptr;
+
+__device__ __forceinline__ void copy_mark(int slot, uint32_t dep) {
+  unsigned long long t = 0;
+  if (dep != 0x7F7F7F7Fu) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+  if (threadIdx.x == 0 && g_copy_timeline != nullptr) {
+    g_copy_timeline[4 * blockIdx.x + slot] = t;
+    if (slot == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_copy_timeline[4 * blockIdx.x + 3] = sm;
+    }
+  }
+}
+
+// one warp: 4 KB in (16 B per lane x 8), 4 KB out, ~src
+__global__ void __launch_bounds__(32) copy_kernel(const uint4* src, uint4* dst, int64_t blocks) {
+  copy_mark(0, 0u);
+  const int64_t b = blockIdx.x;
+  if (b >= blocks) return;
+  uint4 v[8];
+  const uint64_t pol = l2_policy_evict_first();
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = ld_nc_v4_pol(src + b * 256 + k * 32 + threadIdx.x, pol);
+  uint32_t dep = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) dep ^= v[k].x;
+  copy_mark(2, dep);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    st_v4_pol(dst + b * 256 + k * 32 + threadIdx.x, make_uint4(~v[k].x, ~v[k].y, ~v[k].z, ~v[k].w), pol);
+  }
+}
+
+// one warp, four rows: 4 x 584 contiguous bytes in (146 x 16 B), 4 x 1024 out (the 584 bytes,
+// then zeros)
+__global__ void __launch_bounds__(32) widen_kernel(const uint4* src, uint4* dst, int64_t rows) {
+  copy_mark(0, 0u);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 4;
+  if (r0 >= rows) return;
+  const uint64_t pol = l2_policy_evict_first();
+  const uint4* s = src + r0 * 584 / 16;  // 4 rows = 2336 bytes = 146 vectors, 16-B aligned
+  uint4 v[5];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    const int i = k * 32 + threadIdx.x;
+    v[k] = i < 146 ? ld_nc_v4_pol(s + i, pol) : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t dep = 0;
+#pragma unroll
+  for (int k = 0; k < 5; ++k) dep ^= v[k].x;
+  copy_mark(2, dep);
+  // vector i of the 4-row span lands in row i / 36.5 ... keep it simple: each row's 36.5
+  // vectors are written as the row's first 584 bytes' worth of the loaded vectors (not a
+  // faithful copy of row boundaries: only the traffic matters here), the rest zeros.
+  __shared__ uint4 sm[160];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) sm[k * 32 + threadIdx.x] = v[k];
+  __syncwarp();
+#pragma unroll
+  for (int row = 0; row < 4; ++row) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = h * 32 + threadIdx.x;  // 16-byte column of the 1024-byte row
+      const uint4 w = c < 37 ? sm[(row * 36 + c) % 146] : make_uint4(0, 0, 0, 0);
+      st_v4_pol(dst + (r0 + row) * 64 + c, w, pol);
+    }
+  }
+}
+
+// The gather's traffic without its decode, one warp per four-entry tile like the gather:
+// the tile's 2,304 data bytes (contiguous in its cache page) as 16-byte vectors through shared
+// memory into four 1 KB rows, and with kScale the four entries' 8-byte scale words (each lane
+// loads each word, as the gather does) from the page's scale region. Page of tile t: t / 16
+// (linear, no lookup) or, with kTable, block_table[t / 16]; with kChain the table load waits
+// for seq_lens[0] (the gather's dependent chain). Output: raw bytes, not decoded.
+template <bool kScale, bool kTable, bool kChain>
+__global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const int32_t* table,
+                                                  const int32_t* lens, uint4* dst, int64_t entries) {
+  copy_mark(0, 0u);
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x;
+  const uint64_t pol = l2_policy_evict_first();
+  int64_t page = t / 16;
+  if constexpr (kChain) {
+    const int n = lens[0];
+    if (4 * t >= n) return;
+    if constexpr (kTable) page = table[page];
+  } else if constexpr (kTable) {
+    page = table[page];
+  }
+  const uint8_t* base = cache + page * kPageStride;
+  const uint4* data = reinterpret_cast<const uint4*>(base + (t % 16) * 4 * 576);
+  uint4 v[5];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    const int i = k * 32 + lane;
+    v[k] = i < 144 ? ld_nc_v4_pol(data + i, pol) : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t sc = 0;
+  if constexpr (kScale) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint2 w = ld_nc_v2(base + kBlockSize * 576 + ((t % 16) * 4 + j) * 8);
+      sc ^= w.x ^ w.y;
+    }
+  }
+  uint32_t dep = sc;
+#pragma unroll
+  for (int k = 0; k < 5; ++k) dep ^= v[k].x;
+  copy_mark(2, dep);
+  __shared__ uint4 sm[160];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) sm[k * 32 + lane] = v[k];
+  __syncwarp();
+#pragma unroll
+  for (int row = 0; row < 4; ++row) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = h * 32 + lane;
+      uint4 w = c < 36 ? sm[row * 36 + c] : make_uint4(sc, 0, 0, 0);
+      st_v4_pol(dst + (4 * t + row) * 64 + c, w, pol);
+    }
+  }
+}
+
+__global__ void fill_cache(uint8_t* cache, int64_t pages, uint32_t seed) {
+  const int64_t n = pages * kPageStride;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    const int64_t off = i % kPageStride;
+    uint8_t b = static_cast<uint8_t>(h);
+    if (off < kBlockSize * 576) {
+      if (off % 576 < 448 && (b & 0x7F) == 0x7F) b -= 1;      // no NaN codes
+    } else if (off < kBlockSize * 584) {
+      const int k = static_cast<int>((off - kBlockSize * 576) % 8);
+      b = k == 7 ? 0 : static_cast<uint8_t>(110 + h % 26);  // UE8M0 110..135, pad 0
+    }
+    cache[i] = b;
+  }
+}
+
+__global__ void fill_words(uint32_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = h;
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <class F>
+double graph_time_us(const std::vector<F>& calls, cudaStream_t st) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  const int n = 20;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < n; ++i) calls[i % calls.size()](st);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, st));
+  std::vector<double> ts;
+  for (int i = 0; i < 30; ++i) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms * 1000.0 / n);
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(ts);
+}
+
+struct Block {
+  double start, lookup, loaded;
+  int sm;
+};
+
+// Reads a timeline, prints its summary. bytes_per_block: bytes the block moves (read + write).
+void report(const char* what, const std::vector<unsigned long long>& tl, int64_t blocks,
+            double bytes_per_block, double call_us, double ceiling_gbps, int sms) {
+  std::vector<Block> bl(blocks);
+  unsigned long long t0 = ~0ull;
+  for (int64_t b = 0; b < blocks; ++b) t0 = std::min(t0, tl[4 * b]);
+  std::vector<unsigned long long> stamps;
+  for (int64_t b = 0; b < blocks; ++b) {
+    bl[b] = {(tl[4 * b] - t0) / 1e3, tl[4 * b + 1] ? (tl[4 * b + 1] - t0) / 1e3 : -1,
+             (tl[4 * b + 2] - t0) / 1e3, static_cast<int>(tl[4 * b + 3])};
+    stamps.push_back(tl[4 * b]);
+    stamps.push_back(tl[4 * b + 2]);
+  }
+  std::sort(stamps.begin(), stamps.end());
+  stamps.erase(std::unique(stamps.begin(), stamps.end()), stamps.end());
+  unsigned long long res = ~0ull;
+  for (size_t i = 1; i < stamps.size(); ++i) res = std::min(res, stamps[i] - stamps[i - 1]);
+  std::vector<double> starts, loaded;
+  for (auto& x : bl) { starts.push_back(x.start); loaded.push_back(x.loaded); }
+  std::sort(starts.begin(), starts.end());
+  std::sort(loaded.begin(), loaded.end());
+  const double span = loaded.back();
+  std::printf("\n== %s: %lld blocks, %.1f MB per call; graph-replayed %.2f us = %.1f%% of %.0f GB/s; "
+              "timeline span (first start -> last loads arrived) %.2f us; timer step %llu ns\n",
+              what, static_cast<long long>(blocks), blocks * bytes_per_block / 1e6, call_us,
+              100.0 * blocks * bytes_per_block / (call_us * 1e3) / ceiling_gbps, ceiling_gbps, span, res);
+  std::printf("   SMs used: %d\n", [&] {
+    std::vector<int> seen(1024, 0);
+    int n = 0;
+    for (auto& x : bl) if (x.sm < 1024 && !seen[x.sm]++) ++n;
+    return n;
+  }());
+  std::printf("   blocks started by (us):");
+  for (double f : {0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0}) {
+    const size_t k = std::min(starts.size() - 1, static_cast<size_t>(f * starts.size()));
+    std::printf(" %g%%:%.2f", 100 * f, starts[k]);
+  }
+  std::printf("\n   first loads arrived at %.2f us; the first %d blocks (one per resident slot, 32/SM) "
+              "started by %.2f us\n", loaded.front(), 32 * sms,
+              starts[std::min<size_t>(starts.size() - 1, 32 * sms - 1)]);
+  // 1 us bins over [0, span]: blocks started, blocks whose loads arrived, their mean latency
+  const int nb = static_cast<int>(span) + 1;
+  std::vector<double> started(nb, 0), arrived(nb, 0), lat(nb, 0), look(nb, 0);
+  std::vector<int> latn(nb, 0), lookn(nb, 0);
+  for (auto& x : bl) {
+    const int s = std::min(nb - 1, static_cast<int>(x.start));
+    started[s] += 1;
+    arrived[std::min(nb - 1, static_cast<int>(x.loaded))] += 1;
+    lat[s] += x.loaded - x.start;
+    latn[s] += 1;
+    if (x.lookup >= 0) { look[s] += x.lookup - x.start; lookn[s] += 1; }
+  }
+  std::vector<double> rate(nb);
+  for (int i = 0; i < nb; ++i) rate[i] = arrived[i] * bytes_per_block / 1e3;  // GB/s (bytes per ns)
+  std::vector<double> full(rate.begin(), rate.end());
+  std::sort(full.begin(), full.end());
+  const double steady = full[full.size() * 3 / 4];
+  int ramp = 0, tail = nb;
+  while (ramp < nb && rate[ramp] < 0.9 * steady) ++ramp;
+  while (tail > 0 && rate[tail - 1] < 0.9 * steady) --tail;
+  std::printf("   steady rate (75th pct of 1 us bins) %.0f GB/s = %.1f%% of the ceiling; ramp to 90%%: %d us; "
+              "below 90%% after %d us (tail %.2f us)\n",
+              steady, 100 * steady / ceiling_gbps, ramp, tail, span - tail);
+  std::printf("   us  | started | loads arrived | GB/s moved by arrivals | mean load latency of blocks started (us)%s\n",
+              lookn[0] ? " | mean lookup latency" : "");
+  for (int i = 0; i < nb; ++i) {
+    std::printf("   %3d | %7.0f | %13.0f | %6.0f | %6.2f", i, started[i], arrived[i], rate[i],
+                latn[i] ? lat[i] / latn[i] : 0.0);
+    if (lookn[0]) std::printf(" | %6.2f", lookn[i] ? look[i] / lookn[i] : 0.0);
+    std::printf("\n");
+  }
+}
+
+}  // namespace gtl
+
+int main(int argc, char** argv) {
+  using namespace gtl;
+  const int64_t entries = argc > 1 ? std::atoll(argv[1]) : 49152;
+  const int reqs = argc > 2 ? std::atoi(argv[2]) : 1;
+  int dev = 0, sms = 0, l2 = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+  // copy ceiling: a 2 GiB device-to-device copy, eager, best of 10
+  double ceiling = 0;
+  {
+    const size_t n = size_t(2) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemsetAsync(a, 1, n, st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 12; ++i) {
+      CK(cudaEventRecord(e0, st));
+      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 2) ceiling = std::max(ceiling, 2.0 * n / (ms * 1e6));
+    }
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  // gather sets: like bench_cache.make_gather_set (random page permutation, table wider than
+  // the request), enough sets that a replay's working set exceeds twice the L2
+  const int64_t bpr = (entries + kBlockSize - 1) / kBlockSize;
+  const int64_t nb = reqs * bpr + 8;
+  const double per_set = double(reqs) * entries * (584 + 1024);
+  const int sets = std::max<int>(2, static_cast<int>(2.0 * l2 / per_set) + 1);
+  const int width = static_cast<int>(bpr + 16);
+  std::mt19937 rng(static_cast<uint32_t>(time(nullptr)));
+  struct Set { uint8_t* cache; int32_t* table; int32_t* lens; uint16_t* out; };
+  std::vector<Set> gs(sets);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&gs[s].cache, nb * kPageStride));
+    fill_cache<<<1024, 256, 0, st>>>(gs[s].cache, nb, rng());
+    std::vector<int32_t> perm(nb);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> table(size_t(reqs) * width);
+    for (int r = 0; r < reqs; ++r)
+      for (int c = 0; c < width; ++c)
+        table[size_t(r) * width + c] = c < bpr ? perm[r * bpr + c] : static_cast<int32_t>(rng() % nb);
+    CK(cudaMalloc(&gs[s].table, table.size() * 4));
+    CK(cudaMemcpy(gs[s].table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> lens(reqs, static_cast<int32_t>(entries));
+    CK(cudaMalloc(&gs[s].lens, reqs * 4));
+    CK(cudaMemcpy(gs[s].lens, lens.data(), reqs * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&gs[s].out, size_t(reqs) * entries * 1024));
+  }
+  DeviceLimits lim = DeviceLimits::query(dev);
+  auto gparams = [&](const Set& s) {
+    GatherKParams p{};
+    p.out = s.out;
+    p.out_stride0 = entries * 512;
+    p.out_stride1 = 512;
+    p.out_rows = entries;
+    p.cache = s.cache;
+    p.block_stride = kPageStride;
+    p.num_blocks = nb;
+    p.seq_lens = s.lens;
+    p.gather_lens = nullptr;
+    p.block_table = s.table;
+    p.bt_stride0 = width;
+    p.bt_stride1 = 1;
+    p.max_blocks = width;
+    p.block_size = kBlockSize;
+    p.offset = 0;
+    p.num_reqs = reqs;
+    return p;
+  };
+  using Call = std::function<void(cudaStream_t)>;
+  std::vector<Call> gcalls;
+  for (int s = 0; s < sets; ++s) gcalls.push_back([&, s](cudaStream_t t) { launch_gather_k(gparams(gs[s]), lim, t); });
+
+  // copy and widen sets with the gather's bytes per call
+  const int64_t cblocks = static_cast<int64_t>(per_set / 8192);
+  const int64_t wrows = static_cast<int64_t>(reqs) * entries;
+  const int64_t wblocks = (wrows + 3) / 4;
+  std::vector<std::pair<uint4*, uint4*>> cs(sets), ws(sets);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&cs[s].first, cblocks * 4096));
+    CK(cudaMalloc(&cs[s].second, cblocks * 4096));
+    fill_words<<<1024, 256, 0, st>>>(reinterpret_cast<uint32_t*>(cs[s].first), cblocks * 1024, rng());
+    CK(cudaMalloc(&ws[s].first, wblocks * 4 * 584 + 64));
+    CK(cudaMalloc(&ws[s].second, wblocks * 4 * 1024));
+    fill_words<<<1024, 256, 0, st>>>(reinterpret_cast<uint32_t*>(ws[s].first), wblocks * 584, rng());
+  }
+  std::vector<Call> ccalls, wcalls;
+  for (int s = 0; s < sets; ++s) {
+    ccalls.push_back([&, s](cudaStream_t t) { copy_kernel<<<cblocks, 32, 0, t>>>(cs[s].first, cs[s].second, cblocks); });
+    wcalls.push_back([&, s](cudaStream_t t) { widen_kernel<<<wblocks, 32, 0, t>>>(ws[s].first, ws[s].second, wrows); });
+  }
+  CK(cudaStreamSynchronize(st));
+
+  std::printf("GPU: %d SMs, L2 %d MB, copy ceiling %.0f GB/s (2 GiB cudaMemcpy, best of 10); "
+              "%d x %lld entries, %d input sets\n", sms, l2 >> 20, ceiling, reqs,
+              static_cast<long long>(entries), sets);
+  // warm the clocks
+  for (int i = 0; i < 200; ++i) gcalls[i % sets](st);
+  CK(cudaStreamSynchronize(st));
+
+  const int64_t gblocks = static_cast<int64_t>(reqs) * ((entries + 3) / 4);
+  unsigned long long* tl;
+  const int64_t tl_blocks = std::max({gblocks, cblocks, wblocks});
+  CK(cudaMalloc(&tl, tl_blocks * 4 * 8));
+
+  auto timeline_of = [&](std::vector<Call>& calls, bool gather, int64_t blocks) {
+    unsigned long long* null_ptr = nullptr;
+    // timed without the timeline writes
+    CK(cudaMemcpyToSymbol(g_gather_timeline, &null_ptr, sizeof(null_ptr)));
+    CK(cudaMemcpyToSymbol(g_copy_timeline, &null_ptr, sizeof(null_ptr)));
+    const double us = graph_time_us(calls, st);
+    CK(cudaMemsetAsync(tl, 0, blocks * 4 * 8, st));
+    for (int i = 0; i < 2 * sets; ++i) calls[i % sets](st);  // L2 holds other sets' lines
+    if (gather) CK(cudaMemcpyToSymbol(g_gather_timeline, &tl, sizeof(tl)));
+    else CK(cudaMemcpyToSymbol(g_copy_timeline, &tl, sizeof(tl)));
+    calls[0](st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    std::vector<unsigned long long> h(blocks * 4);
+    CK(cudaMemcpy(h.data(), tl, h.size() * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpyToSymbol(g_gather_timeline, &null_ptr, sizeof(null_ptr)));
+    CK(cudaMemcpyToSymbol(g_copy_timeline, &null_ptr, sizeof(null_ptr)));
+    return std::make_pair(us, h);
+  };
+  auto g = timeline_of(gcalls, true, gblocks);
+  report("gather (shipped tile kernel)", g.second, gblocks, 4 * 1608.0, g.first, ceiling, sms);
+  auto c = timeline_of(ccalls, false, cblocks);
+  report("copy, same bytes (4 KB in, 4 KB out per block)", c.second, cblocks, 8192.0, c.first, ceiling, sms);
+  auto w = timeline_of(wcalls, false, wblocks);
+  report("widen, 4 x 584 -> 4 x 1024 contiguous per block", w.second, wblocks, 4 * 1608.0, w.first, ceiling, sms);
+  if (reqs == 1) {
+    // the gather's traffic without the decode (paged_kernel), on the gather's input sets
+    auto paged = [&](auto kern, const char* what, bool linear_table) {
+      std::vector<Call> calls;
+      for (int s = 0; s < sets; ++s) {
+        calls.push_back([&, s, kern](cudaStream_t t) {
+          kern<<<gblocks, 32, 0, t>>>(gs[s].cache, gs[s].table, gs[s].lens,
+                                      reinterpret_cast<uint4*>(gs[s].out), entries);
+        });
+      }
+      (void)linear_table;
+      auto r = timeline_of(calls, false, gblocks);
+      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    paged(paged_kernel<false, false, false>, "paged: linear pages, data only", true);
+    paged(paged_kernel<true, false, false>, "paged: linear pages, data + scale words", true);
+    paged(paged_kernel<false, true, false>, "paged: random pages (block table), data only", false);
+    paged(paged_kernel<true, true, false>, "paged: random pages, data + scale words", false);
+    paged(paged_kernel<true, true, true>, "paged: random pages, data + scale, seq_lens -> table chain (the gather without decode)", false);
+  }
+  return 0;
+}

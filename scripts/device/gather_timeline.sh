@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Diagnostic (device tool, needs only nvcc and the CUDA runtime; runs from the repository
+# root, no bundle): per-block timelines of the shipped tile gather next to same-shape copy
+# kernels (scripts/device/gather_timeline.cu), at the benchmark's two target shapes and one
+# large size. Output in $OUT/timeline-*.txt.
+#   bash scripts/device/gather_timeline.sh            (TL_SHAPES="49152:1 12288:4 196608:1")
+set -uo pipefail
+OUT=${OUT:-/tmp/gather-timeline}
+mkdir -p "$OUT"
+nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 -gencode arch=compute_80,code=compute_80 \
+  -o /tmp/gather_timeline scripts/device/gather_timeline.cu || exit 1
+rc=0
+for s in ${TL_SHAPES:-49152:1 12288:4 196608:1}; do
+  /tmp/gather_timeline "${s%%:*}" "${s##*:}" > "$OUT/timeline-${s/:/x}.txt" 2>&1 || rc=1
+  cat "$OUT/timeline-${s/:/x}.txt" | grep -E "^GPU|^==|steady|started by|first loads|SMs used"
+done
+echo "gather_timeline.sh rc=$rc"
+exit $rc
