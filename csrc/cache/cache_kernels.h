@@ -40,6 +40,9 @@ struct GatherKParams {
   int block_size;
   int offset;
   int num_reqs;
+  // log2(block_size) when it is a power of two, else -1: set by launch_gather_k (callers
+  // leave it), so that the kernels find an entry's block with a shift
+  int block_shift = -1;
 };
 
 void launch_insert_k(const InsertKParams& p, const DeviceLimits& lim, cudaStream_t stream);

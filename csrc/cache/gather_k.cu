@@ -169,14 +169,24 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
 // Entry i of a request (0 <= i < gather_len) -> (physical block << 16) | position in block,
 // or -1 when it must be skipped: an out-of-range position, block-table column, block id or
 // output row is never read or written.
+// pos = start + i < seq_len <= INT32_MAX, so a non-negative pos divides as a 32-bit unsigned
+// value: by a shift when block_size is a power of two (block_shift >= 0; V4's page sizes are),
+// else by a 32-bit division (a 64-bit one is a ~70-instruction sequence; same-run timing on
+// the H200, scripts/device/gather_timeline.sh 2026-11-30: 1% of the tile gather's time).
 __device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
                                                  int start, int64_t i) {
   int64_t packed = -1;
   const int64_t pos = start + i;
-  const int64_t blk = pos / p.block_size;
-  if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-    const int64_t phys = bt_row[blk * p.bt_stride1];
-    if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
+  if (pos >= 0 && p.offset + i < p.out_rows) {
+    const uint32_t upos = static_cast<uint32_t>(pos);
+    const uint32_t blk = p.block_shift >= 0 ? upos >> p.block_shift
+                                            : upos / static_cast<uint32_t>(p.block_size);
+    if (blk < static_cast<uint32_t>(p.max_blocks)) {
+      const int64_t phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
+      if (phys >= 0 && phys < p.num_blocks) {
+        packed = (phys << 16) | (upos - blk * static_cast<uint32_t>(p.block_size));
+      }
+    }
   }
   return packed;
 }
@@ -234,6 +244,44 @@ gather_k_kernel(const GatherKParams p) {
 // Lane k < 4 resolves entry k of the tile (resolve_entry), the warp loads all four records
 // and then writes the four rows (two 512-byte stores per row).
 template <bool kEvictFirst>
+__device__ __forceinline__ void gather_tile(const GatherKParams& p, const int32_t* bt_row,
+                                            uint16_t* out_req, int start, int gather_len,
+                                            int64_t first, int lane, uint64_t pol) {
+  const int64_t i = first + lane;
+  int64_t packed = -1;
+  if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
+  int64_t ep[kWarpEntries];
+  EntryLoads e[kWarpEntries];
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+  GATHER_TIMELINE(1, static_cast<uint32_t>(ep[kWarpEntries - 1]), lane);
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
+  }
+#ifdef DEEPINFER_GATHER_TIMELINE
+  {
+    uint32_t dep = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
+    }
+    GATHER_TIMELINE(2, dep, lane);
+  }
+#endif
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) {
+      store_entry<false, kEvictFirst>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
+    }
+  }
+}
+
+// The block's first tile is peeled out of the tile loop: below the grid cap (every benchmark
+// shape) the loop body never runs, and the straight-line first tile is 1.3% faster than the
+// same code as the loop's first iteration (same-run timing on the H200,
+// scripts/device/gather_timeline.sh, 2026-11-30).
+template <bool kEvictFirst>
 __global__ void __launch_bounds__(32)
 gather_k_warp_kernel(const GatherKParams p) {
   uint64_t pol = 0;
@@ -246,36 +294,11 @@ gather_k_warp_kernel(const GatherKParams p) {
   const int start = seq_len - gather_len;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
   uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+  int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
+  gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < gather_len; first += step) {
-    const int64_t i = first + lane;
-    int64_t packed = -1;
-    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
-    int64_t ep[kWarpEntries];
-    EntryLoads e[kWarpEntries];
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
-    GATHER_TIMELINE(1, static_cast<uint32_t>(ep[kWarpEntries - 1]), lane);
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
-    }
-#ifdef DEEPINFER_GATHER_TIMELINE
-    {
-      uint32_t dep = 0;
-#pragma unroll
-      for (int j = 0; j < kWarpEntries; ++j) {
-        if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
-      }
-      GATHER_TIMELINE(2, dep, lane);
-    }
-#endif
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (ep[j] >= 0) {
-        store_entry<false, kEvictFirst>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
-      }
-    }
+  for (first += step; first < gather_len; first += step) {
+    gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
   }
 }
 
@@ -395,8 +418,14 @@ bool gather_l2_evict_first() {
 
 }  // namespace
 
-void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t stream) {
-  if (p.num_reqs <= 0) return;
+void launch_gather_k(const GatherKParams& params, const DeviceLimits& lim, cudaStream_t stream) {
+  if (params.num_reqs <= 0) return;
+  GatherKParams p = params;
+  p.block_shift = -1;
+  if (p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0) {
+    p.block_shift = 0;
+    while ((1 << p.block_shift) < p.block_size) ++p.block_shift;
+  }
   switch (gather_variant()) {
     case 2: launch<2, false>(p, lim, stream); break;
     case 3: launch<2, true>(p, lim, stream); break;

@@ -14,8 +14,13 @@
 //   nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 \
 //        -o /tmp/gtl scripts/device/gather_timeline.cu && /tmp/gtl 49152 1
 // Arguments: entries per request, requests (default 49152 1). Needs only the CUDA runtime.
+#ifndef GTL_NO_MARKS
 #define DEEPINFER_GATHER_TIMELINE 1
+#endif
 #include "cache/gather_k.cu"
+#ifdef GTL_NO_MARKS
+namespace deepinfer_sm80 { namespace { __device__ unsigned long long* g_gather_timeline = nullptr; } }
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -44,6 +49,9 @@ constexpr int kPageStride = 65 * 576;          // bench_cache.page_stride(64) = 
 __device__ unsigned long long* g_copy_timeline = nullptr;
 
 __device__ __forceinline__ void copy_mark(int slot, uint32_t dep) {
+#ifdef GTL_NO_MARKS
+  return;
+#endif
   unsigned long long t = 0;
   if (dep != 0x7F7F7F7Fu) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
   if (threadIdx.x == 0 && g_copy_timeline != nullptr) {
@@ -167,6 +175,121 @@ __global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const i
   }
 }
 
+// The tile kernel as shipped before 2026-11-30 20:10 UTC (commit dec59cb): the same-run
+// baseline of the changes measured here. Verbatim but for the names.
+__device__ __forceinline__ int64_t old_resolve_entry(const GatherKParams& p, const int32_t* bt_row,
+                                                 int start, int64_t i) {
+  int64_t packed = -1;
+  const int64_t pos = start + i;
+  const int64_t blk = pos / p.block_size;
+  if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
+    const int64_t phys = bt_row[blk * p.bt_stride1];
+    if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
+  }
+  return packed;
+}
+
+template <bool kEvictFirst>
+__global__ void __launch_bounds__(32)
+old_tile_kernel(const GatherKParams p) {
+  uint64_t pol = 0;
+  if constexpr (kEvictFirst) pol = l2_policy_evict_first();
+  const int lane = threadIdx.x;
+  const int r = blockIdx.y;
+  GATHER_TIMELINE(0, 0u, lane);
+  const int seq_len = p.seq_lens[r];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+  const int start = seq_len - gather_len;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < gather_len; first += step) {
+    const int64_t i = first + lane;
+    int64_t packed = -1;
+    if (lane < kWarpEntries && i < gather_len) packed = old_resolve_entry(p, bt_row, start, i);
+    int64_t ep[kWarpEntries];
+    EntryLoads e[kWarpEntries];
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+    GATHER_TIMELINE(1, static_cast<uint32_t>(ep[kWarpEntries - 1]), lane);
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
+    }
+#ifdef DEEPINFER_GATHER_TIMELINE
+    {
+      uint32_t dep = 0;
+#pragma unroll
+      for (int j = 0; j < kWarpEntries; ++j) {
+        if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
+      }
+      GATHER_TIMELINE(2, dep, lane);
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) {
+        store_entry<false, kEvictFirst>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
+      }
+    }
+  }
+}
+
+// Clones of the shipped tile kernel (gather_k_warp_kernel with the L2 policy), to find which
+// of its parts cost time: kDecode false stores the loaded bytes raw (wrong output by design);
+// kSimpleLookup resolves entries as paged_kernel does (seq_lens[r], then block_table[i / 64]
+// with the constant page size of these inputs, no 64-bit division by a run-time block size).
+template <bool kDecode, bool kSimpleLookup>
+__global__ void __launch_bounds__(32) tile_clone(const GatherKParams p) {
+  copy_mark(0, 0u);
+  const uint64_t pol = l2_policy_evict_first();
+  const int lane = threadIdx.x;
+  const int r = blockIdx.y;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
+  int64_t packed = -1;
+  if constexpr (kSimpleLookup) {
+    const int n = p.seq_lens[r];
+    const int64_t i = first + lane;
+    if (lane < kWarpEntries && i < n) packed = (static_cast<int64_t>(bt_row[i / 64]) << 16) | (i % 64);
+  } else {
+    const int seq_len = p.seq_lens[r];
+    const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+    const int start = seq_len - gather_len;
+    const int64_t i = first + lane;
+    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
+  }
+  int64_t ep[kWarpEntries];
+  EntryLoads e[kWarpEntries];
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) e[j] = load_packed<true>(p, ep[j], lane, pol);
+  }
+  {
+    uint32_t dep = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
+    }
+    copy_mark(2, dep);
+  }
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) {
+      uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
+      if constexpr (kDecode) {
+        store_entry<false, true>(row, e[j], lane, pol);
+      } else {
+        st_v4_pol(row + 8 * lane, make_uint4(e[j].a.x, e[j].a.y, e[j].scales.x, e[j].scales.y), pol);
+        st_v4_pol(row + 256 + 8 * lane, e[j].b, pol);
+      }
+    }
+  }
+}
+
 __global__ void fill_cache(uint8_t* cache, int64_t pages, uint32_t seed) {
   const int64_t n = pages * kPageStride;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -235,6 +358,12 @@ struct Block {
 // Reads a timeline, prints its summary. bytes_per_block: bytes the block moves (read + write).
 void report(const char* what, const std::vector<unsigned long long>& tl, int64_t blocks,
             double bytes_per_block, double call_us, double ceiling_gbps, int sms) {
+  if (tl.empty()) {  // timing build: the graph-replayed time only
+    std::printf("== %s: %.1f MB per call; graph-replayed %.2f us = %.1f%% of %.0f GB/s\n", what,
+                blocks * bytes_per_block / 1e6, call_us,
+                100.0 * blocks * bytes_per_block / (call_us * 1e3) / ceiling_gbps, ceiling_gbps);
+    return;
+  }
   std::vector<Block> bl(blocks);
   unsigned long long t0 = ~0ull;
   for (int64_t b = 0; b < blocks; ++b) t0 = std::min(t0, tl[4 * b]);
@@ -388,6 +517,7 @@ int main(int argc, char** argv) {
     p.block_size = kBlockSize;
     p.offset = 0;
     p.num_reqs = reqs;
+    p.block_shift = 6;  // launch_gather_k sets it itself; the clones read it
     return p;
   };
   using Call = std::function<void(cudaStream_t)>;
@@ -432,6 +562,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpyToSymbol(g_gather_timeline, &null_ptr, sizeof(null_ptr)));
     CK(cudaMemcpyToSymbol(g_copy_timeline, &null_ptr, sizeof(null_ptr)));
     const double us = graph_time_us(calls, st);
+#ifdef GTL_NO_MARKS
+    return std::make_pair(us, std::vector<unsigned long long>());
+#endif
     CK(cudaMemsetAsync(tl, 0, blocks * 4 * 8, st));
     for (int i = 0; i < 2 * sets; ++i) calls[i % sets](st);  // L2 holds other sets' lines
     if (gather) CK(cudaMemcpyToSymbol(g_gather_timeline, &tl, sizeof(tl)));
@@ -447,6 +580,16 @@ int main(int argc, char** argv) {
   };
   auto g = timeline_of(gcalls, true, gblocks);
   report("gather (shipped tile kernel)", g.second, gblocks, 4 * 1608.0, g.first, ceiling, sms);
+  {
+    std::vector<Call> calls;
+    for (int s = 0; s < sets; ++s) {
+      calls.push_back([&, s](cudaStream_t t) {
+        old_tile_kernel<true><<<dim3(static_cast<unsigned>((entries + 3) / 4), reqs), 32, 0, t>>>(gparams(gs[s]));
+      });
+    }
+    auto o = timeline_of(calls, true, gblocks);
+    report("gather, tile kernel of dec59cb (same-run baseline)", o.second, gblocks, 4 * 1608.0, o.first, ceiling, sms);
+  }
   auto c = timeline_of(ccalls, false, cblocks);
   report("copy, same bytes (4 KB in, 4 KB out per block)", c.second, cblocks, 8192.0, c.first, ceiling, sms);
   auto w = timeline_of(wcalls, false, wblocks);
@@ -465,6 +608,20 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
+    auto clone = [&](auto kern, const char* what) {
+      std::vector<Call> calls;
+      for (int s = 0; s < sets; ++s) {
+        calls.push_back([&, s, kern](cudaStream_t t) {
+          kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, 0, t>>>(gparams(gs[s]));
+        });
+      }
+      auto r = timeline_of(calls, false, gblocks);
+      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    clone(tile_clone<true, false>, "clone of the tile gather (should time as the shipped one)");
+    clone(tile_clone<false, false>, "clone without the decode (raw bytes stored)");
+    clone(tile_clone<true, true>, "clone with the simple lookup");
+    clone(tile_clone<false, true>, "clone with the simple lookup, without the decode");
     paged(paged_kernel<false, false, false>, "paged: linear pages, data only", true);
     paged(paged_kernel<true, false, false>, "paged: linear pages, data + scale words", true);
     paged(paged_kernel<false, true, false>, "paged: random pages (block table), data only", false);

@@ -7,12 +7,20 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gather-timeline}
 mkdir -p "$OUT"
-nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 -gencode arch=compute_80,code=compute_80 \
-  -o /tmp/gather_timeline scripts/device/gather_timeline.cu || exit 1
+# two builds: the timing build (no timeline code in any kernel; graph-replayed times) and the
+# timeline build (the marks; one instrumented call per kernel)
+GEN="-gencode arch=compute_80,code=sm_90 -gencode arch=compute_80,code=compute_80"
+nvcc -O3 -std=c++17 -Icsrc $GEN -DGTL_NO_MARKS -o /tmp/gather_timing scripts/device/gather_timeline.cu || exit 1
+nvcc -O3 -std=c++17 -Icsrc $GEN -o /tmp/gather_timeline scripts/device/gather_timeline.cu || exit 1
 rc=0
 for s in ${TL_SHAPES:-49152:1 12288:4 196608:1}; do
+  for r in $(seq ${TL_TIMING_RUNS:-2}); do
+    /tmp/gather_timing "${s%%:*}" "${s##*:}" > "$OUT/timing-${s/:/x}-$r.txt" 2>&1 || rc=1
+    grep -E "^GPU|^==" "$OUT/timing-${s/:/x}-$r.txt"
+  done
+  [ "${TL_TIMELINE:-1}" = 1 ] || continue
   /tmp/gather_timeline "${s%%:*}" "${s##*:}" > "$OUT/timeline-${s/:/x}.txt" 2>&1 || rc=1
-  cat "$OUT/timeline-${s/:/x}.txt" | grep -E "^GPU|^==|steady|started by|first loads|SMs used"
+  grep -E "^GPU|^==|first loads" "$OUT/timeline-${s/:/x}.txt" | sed 's/timeline span.*//'
 done
 echo "gather_timeline.sh rc=$rc"
 exit $rc
