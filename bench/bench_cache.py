@@ -285,7 +285,7 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
         times = {}
         for name in order:
             t = common.graph_time([gather_call(impls.gather[name], s) for s in sets],
-                                  replays=10 if quick else 30)
+                                  min_calls=common.CALLS_PER_REPLAY, replays=10 if quick else 30)
             times[name] = t
         base = times.get("upstream")
         for name in order:
@@ -393,7 +393,7 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
         bytes_moved = topk_read + tokens * (WIDTH * 4 + 4)
         del outs
         times = {name: common.graph_time([combine_call(impls.combine[name], s) for s in sets],
-                                         min_calls=20, replays=10 if quick else 30)
+                                         min_calls=common.CALLS_PER_REPLAY, replays=10 if quick else 30)
                  for name in order}
         base = times.get("upstream")
         for name in order:
@@ -410,7 +410,7 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
         # taken, and the production case: the top-k buffer comes straight from the top-k
         # kernel, still in L2)
         for name in [k for k in ("ours", "upstream") if k in impls.combine]:
-            t = common.graph_time([combine_call(impls.combine[name], sets[0])], min_calls=20,
+            t = common.graph_time([combine_call(impls.combine[name], sets[0])], min_calls=common.CALLS_PER_REPLAY,
                                   replays=10 if quick else 30)
             bw = common.gbps(bytes_moved, t.median_us)
             report.add(kernel="combine_topk_swa_indices", shape=shape, impl=f"{name}, L2-warm",

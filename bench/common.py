@@ -34,6 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 BENCH_DOC = REPO / "docs" / "benchmarks.md"
 
+# Calls captured per graph replay by every cache-kernel timing (the kernels, their baselines
+# and the reference copies). A replay pays the graph launch and its events once (a few us);
+# 20 calls make that about 1/20 of it per call on every row alike, close to a kernel inside a
+# model-sized graph (vLLM). Until 2026-11-30 20:15 UTC the gather rows captured one call per
+# input set (two at 79 MB) while the same-bytes copy captured 20: that added about 1 us to
+# each gather call (same-run, H200: docs/kernels-cache-index.md, session of 19:56 UTC).
+CALLS_PER_REPLAY = 20
+
 
 def require_cuda() -> torch.device:
     if not torch.cuda.is_available():
@@ -202,7 +210,7 @@ def same_bytes_copy_time(nbytes: int, *, min_sets: int = 2, replays: int = 30,
     bufs = [(torch.empty(n, dtype=torch.int32, device="cuda").random_(),
              torch.empty(n, dtype=torch.int32, device="cuda")) for _ in range(sets)]
     calls = [(lambda a=a, b=b: torch.bitwise_not(a, out=b)) for a, b in bufs]
-    t = graph_time(calls, min_calls=20, replays=replays)
+    t = graph_time(calls, min_calls=CALLS_PER_REPLAY, replays=replays)
     if not torch.equal(bufs[0][1], torch.bitwise_not(bufs[0][0])):
         raise RuntimeError("same-bytes copy check failed")
     del bufs

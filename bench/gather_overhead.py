@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     ceil = common.copy_bandwidth()["gbps_read_plus_write"]
     print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
     a, b = torch.zeros(1, dtype=torch.int32, device="cuda"), torch.ones(1, dtype=torch.int32, device="cuda")
-    t = common.graph_time([lambda: a.copy_(b)], min_calls=8)
+    t = common.graph_time([lambda: a.copy_(b)], min_calls=common.CALLS_PER_REPLAY)
     print(f"tiny copy (one more graph node): {t.median_us:.2f} us", flush=True)
     for n in sizes:
         gen = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
             raise RuntimeError("full gather left rows unwritten")
         for name in by[0]:
             t = common.graph_time([bench_cache.gather_call(ours.dequantize_and_gather_k_cache, v[name])
-                                   for v in by], replays=20)
+                                   for v in by], min_calls=common.CALLS_PER_REPLAY, replays=20)
             moved = per_set if name == "full" else (per_set // 8 if name.startswith("1/8") else 0)
             pct = f" = {100 * moved / (t.median_us * 1e3) / ceil:.1f}% of copy" if moved else ""
             print(f"{n:>8} entries, {name}: {t.median_us:.2f} us{pct}", flush=True)

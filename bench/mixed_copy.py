@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common import Timing, graph_time, rotation_count
+from common import CALLS_PER_REPLAY, Timing, graph_time, rotation_count
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def widen_rows_time(rows: int, read_bytes: int, write_bytes: int, *, min_sets: i
     grid = (triton.cdiv(rows, bm),)
     calls = [(lambda a=a, b=b: _widen_rows[grid](a, b, rows, READ=rw, WRITE=ww, BM=bm, num_warps=4))
              for a, b in bufs]
-    t = graph_time(calls, min_calls=4, replays=replays)
+    t = graph_time(calls, min_calls=CALLS_PER_REPLAY, replays=replays)
     a, b = bufs[0]
     if not (torch.equal(b[:, :rw], a) and not bool(b[:, rw:].any())):
         raise RuntimeError("widen_rows check failed: dst != [src, 0]")
@@ -71,7 +71,7 @@ def widen_rows_time(rows: int, read_bytes: int, write_bytes: int, *, min_sets: i
 
 def _time_checked(calls, device: str, replays: int) -> Timing | None:
     """Graph-replayed time of the (already checked) calls; None off the GPU (interpreter)."""
-    return graph_time(calls, min_calls=4, replays=replays) if device == "cuda" else None
+    return graph_time(calls, min_calls=CALLS_PER_REPLAY, replays=replays) if device == "cuda" else None
 
 
 def _check_chunk_xor(read: torch.Tensor, dst: torch.Tensor, write_chunks: int, what: str) -> None:

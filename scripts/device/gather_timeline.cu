@@ -290,6 +290,142 @@ __global__ void __launch_bounds__(32) tile_clone(const GatherKParams p) {
   }
 }
 
+// Variants of the tile kernel (decode and stores as shipped), single tile per block:
+//   kNA:     record loads also carry L1::no_allocate (the streaming records do not evict the
+//            block-table and seq_lens lines from L1);
+//   kSpec:   without gather_lens the tile's block-table entries load next to seq_lens
+//            (start = 0), not after it;
+//   kContig: when the tile's four entries are consecutive in one page, their 2,304 data bytes
+//            load as 144 16-byte vectors (4.5 per lane) and the scale words with the remainder,
+//            through shared memory to the per-row decode.
+__device__ __forceinline__ uint2 ld_na_v2_pol(const void* q, uint64_t pol) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v2.u32 {%0, %1}, [%2], %3;"
+               : "=r"(v.x), "=r"(v.y) : "l"(q), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_na_v4_pol(const void* q, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(q), "l"(pol));
+  return v;
+}
+template <bool kNA>
+__device__ __forceinline__ uint2 rec_v2(const void* q, uint64_t pol) {
+  if constexpr (kNA) return ld_na_v2_pol(q, pol);
+  else return ld_nc_v2_pol(q, pol);
+}
+template <bool kNA>
+__device__ __forceinline__ uint4 rec_v4(const void* q, uint64_t pol) {
+  if constexpr (kNA) return ld_na_v4_pol(q, pol);
+  else return ld_nc_v4_pol(q, pol);
+}
+
+template <bool kNA, bool kSpec, bool kContig>
+__global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
+  using namespace kv_record;
+  copy_mark(0, 0u);
+  const uint64_t pol = l2_policy_evict_first();
+  const int lane = threadIdx.x;
+  const int r = blockIdx.y;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
+  const int64_t i = first + lane;
+  int64_t packed = -1;
+  if (kSpec && p.gather_lens == nullptr) {
+    int64_t phys = -1;
+    const uint32_t blk = static_cast<uint32_t>(i) >> p.block_shift;
+    if (lane < kWarpEntries && blk < static_cast<uint32_t>(p.max_blocks)) phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
+    const int seq_len = p.seq_lens[r];
+    if (lane < kWarpEntries && i < seq_len && p.offset + i < p.out_rows && phys >= 0 && phys < p.num_blocks) {
+      packed = (phys << 16) | (static_cast<uint32_t>(i) - (blk << p.block_shift));
+    }
+  } else {
+    const int seq_len = p.seq_lens[r];
+    const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+    const int start = seq_len - gather_len;
+    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
+  }
+  int64_t ep[kWarpEntries];
+  bool fast = kContig;
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+    fast = fast && ep[0] >= 0 && ep[j] == ep[0] + j;
+  }
+  if (kContig && fast) {
+    __shared__ __align__(16) uint8_t s_data[kWarpEntries * kDataBytes];
+    __shared__ __align__(16) uint2 s_scale[kWarpEntries];
+    const int in_blk = static_cast<int>(ep[0] & 0xFFFF);
+    const uint8_t* blk = block_base(p.cache, ep[0] >> 16, p.block_stride);
+    const uint8_t* d = blk + data_offset(in_blk);
+    uint4 v[4];
+    uint4 vr = make_uint4(0u, 0u, 0u, 0u);
+    uint2 sc = make_uint2(0u, 0u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = rec_v4<kNA>(d + 16 * (lane + 32 * k), pol);
+    if (lane < 16) {
+      vr = rec_v4<kNA>(d + 16 * (128 + lane), pol);
+    } else if (lane < 20) {
+      sc = ld_nc_v2(blk + scale_offset(p.block_size, in_blk + lane - 16));
+    }
+    copy_mark(2, v[0].x ^ vr.x ^ sc.x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) reinterpret_cast<uint4*>(s_data)[lane + 32 * k] = v[k];
+    if (lane < 16) {
+      reinterpret_cast<uint4*>(s_data)[128 + lane] = vr;
+    } else if (lane < 20) {
+      s_scale[lane - 16] = sc;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      const uint8_t* rec = s_data + j * kDataBytes;
+      EntryLoads e;
+      e.a = *reinterpret_cast<const uint2*>(rec + 8 * lane);
+      if (lane < 24) {
+        const uint2 t = *reinterpret_cast<const uint2*>(rec + 256 + 8 * lane);
+        e.b = make_uint4(t.x, t.y, 0u, 0u);
+      } else {
+        e.b = *reinterpret_cast<const uint4*>(rec + kRopeOffset + 16 * (lane - 24));
+      }
+      e.scales = s_scale[j];
+      store_entry<false, true>(out_req + (p.offset + first + j) * p.out_stride1, e, lane, pol);
+    }
+    return;
+  }
+  EntryLoads e[kWarpEntries];
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) {
+      const int in_blk = static_cast<int>(ep[j] & 0xFFFF);
+      const uint8_t* blk = block_base(p.cache, ep[j] >> 16, p.block_stride);
+      const uint8_t* entry = blk + data_offset(in_blk);
+      e[j].a = rec_v2<kNA>(entry + 8 * lane, pol);
+      if (lane < 24) {
+        const uint2 t = rec_v2<kNA>(entry + 256 + 8 * lane, pol);
+        e[j].b = make_uint4(t.x, t.y, 0u, 0u);
+      } else {
+        e[j].b = rec_v4<kNA>(entry + kRopeOffset + 16 * (lane - 24), pol);
+      }
+      e[j].scales = ld_nc_v2(blk + scale_offset(p.block_size, in_blk));
+    }
+  }
+  {
+    uint32_t dep = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
+    }
+    copy_mark(2, dep);
+  }
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (ep[j] >= 0) store_entry<false, true>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
+  }
+}
+
 __global__ void fill_cache(uint8_t* cache, int64_t pages, uint32_t seed) {
   const int64_t n = pages * kPageStride;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -618,6 +754,12 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
+    clone(tile_var<false, false, false>, "variant base (the shipped tile, one per block)");
+    clone(tile_var<true, false, false>, "variant: record loads L1::no_allocate");
+    clone(tile_var<false, true, false>, "variant: block table next to seq_lens");
+    clone(tile_var<false, false, true>, "variant: tile-contiguous loads");
+    clone(tile_var<true, true, true>, "variant: all three");
+    clone(tile_var<false, true, true>, "variant: spec + contiguous");
     clone(tile_clone<true, false>, "clone of the tile gather (should time as the shipped one)");
     clone(tile_clone<false, false>, "clone without the decode (raw bytes stored)");
     clone(tile_clone<true, true>, "clone with the simple lookup");
