@@ -321,7 +321,7 @@ __device__ __forceinline__ uint4 rec_v4(const void* q, uint64_t pol) {
   else return ld_nc_v4_pol(q, pol);
 }
 
-template <bool kNA, bool kSpec, bool kContig>
+template <bool kNA, bool kSpec, bool kContig, bool kScaleFirst = false>
 __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
@@ -396,6 +396,15 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     return;
   }
   EntryLoads e[kWarpEntries];
+  if constexpr (kScaleFirst) {
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) {
+        const int in_blk = static_cast<int>(ep[j] & 0xFFFF);
+        e[j].scales = ld_nc_v2(block_base(p.cache, ep[j] >> 16, p.block_stride) + scale_offset(p.block_size, in_blk));
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kWarpEntries; ++j) {
     if (ep[j] >= 0) {
@@ -409,7 +418,7 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
       } else {
         e[j].b = rec_v4<kNA>(entry + kRopeOffset + 16 * (lane - 24), pol);
       }
-      e[j].scales = ld_nc_v2(blk + scale_offset(p.block_size, in_blk));
+      if (!kScaleFirst) e[j].scales = ld_nc_v2(blk + scale_offset(p.block_size, in_blk));
     }
   }
   {
@@ -758,6 +767,7 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, false>, "variant: record loads L1::no_allocate");
     clone(tile_var<false, true, false>, "variant: block table next to seq_lens");
     clone(tile_var<false, false, true>, "variant: tile-contiguous loads");
+    clone(tile_var<false, false, false, true>, "variant: scale words loaded first");
     clone(tile_var<true, true, true>, "variant: all three");
     clone(tile_var<false, true, true>, "variant: spec + contiguous");
     clone(tile_clone<true, false>, "clone of the tile gather (should time as the shipped one)");
