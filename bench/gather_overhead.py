@@ -1,9 +1,10 @@
 """GPU diagnostic: what the gather pays per call, apart from moving bytes.
 
-The gather streams at ~94% of the copy ceiling on the H200 but pays ~4.3 us per call where
-a plain copy of the same bytes pays ~2.1 us (docs/kernels-cache-index.md, session of
-2026-11-30 from 17:49 UTC). This times, graph-replayed like bench_cache.py and on its
-inputs (random 64-entry pages, several input sets rotated past the L2):
+The gather streams at ~94% of the copy ceiling on the H200 and pays ~3.0 us per call where
+a plain copy of the same bytes pays ~2.2 us (docs/kernels-cache-index.md, "Current record";
+the 4.3 against 2.1 us of the 17:49 UTC session mixed 2 and 20 calls per graph replay). This
+times, graph-replayed like bench_cache.py (common.CALLS_PER_REPLAY calls per replay) and on
+its inputs (random 64-entry pages, several input sets rotated past the L2):
 
 - ``full``: the gather as benchmarked;
 - ``idle grid``: the same launch (the grid follows the output rows) with ``seq_lens`` = 0,

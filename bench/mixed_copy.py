@@ -25,6 +25,10 @@ decode:
   (``--records-diag``, 2026-11-30 15:39 UTC). The page placement alone does not cap the
   gather's traffic; the record -> row shape does.
 
+The percentages above were taken at 4 calls per graph replay; since 2026-11-30 20:12 UTC
+every copy here is timed at ``common.CALLS_PER_REPLAY`` (20), like the kernels it is compared
+with, which adds 2-3 points at 79 MB per call (docs/kernels-cache-index.md, "Current record").
+
 Imports torch and triton only.
 """
 

@@ -171,8 +171,8 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
 // output row is never read or written.
 // pos = start + i < seq_len <= INT32_MAX, so a non-negative pos divides as a 32-bit unsigned
 // value: by a shift when block_size is a power of two (block_shift >= 0; V4's page sizes are),
-// else by a 32-bit division (a 64-bit one is a ~70-instruction sequence; same-run timing on
-// the H200, scripts/device/gather_timeline.sh 2026-11-30: 1% of the tile gather's time).
+// else by a 32-bit division. The 64-bit division it replaces (a long instruction sequence)
+// cost the tile gather about 1% (scripts/device/gather_timeline.sh, H200, 2026-11-30).
 __device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
                                                  int start, int64_t i) {
   int64_t packed = -1;
@@ -278,9 +278,9 @@ __device__ __forceinline__ void gather_tile(const GatherKParams& p, const int32_
 }
 
 // The block's first tile is peeled out of the tile loop: below the grid cap (every benchmark
-// shape) the loop body never runs, and the straight-line first tile is 1.3% faster than the
-// same code as the loop's first iteration (same-run timing on the H200,
-// scripts/device/gather_timeline.sh, 2026-11-30).
+// shape) the loop body never runs. With resolve_entry's 32-bit division this is 1.2-1.6%
+// faster than the tile as the loop's first iteration (same-run timing on the H200,
+// scripts/device/gather_timeline.sh, 2026-11-30 20:06 UTC; docs/kernels-cache-index.md).
 template <bool kEvictFirst>
 __global__ void __launch_bounds__(32)
 gather_k_warp_kernel(const GatherKParams p) {
