@@ -14,6 +14,12 @@
 //   nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 \
 //        -o /tmp/gtl scripts/device/gather_timeline.cu && /tmp/gtl 49152 1
 // Arguments: entries per request, requests (default 49152 1). Needs only the CUDA runtime.
+// With one request it also times (on the gather's inputs) dec59cb's tile kernel as a same-run
+// baseline, clones of the tile (tile_clone: one tile per block, optionally without the decode
+// or with a constant-page-size lookup), variants of it (tile_var) and the paged copies
+// (paged_kernel); figures and what they showed: docs/kernels-cache-index.md, session of
+// 2026-11-30 from 19:56 UTC. -DGTL_NO_MARKS builds the timing binary: no timeline code in
+// any kernel, graph-replayed times only (gather_timeline.sh builds both).
 #ifndef GTL_NO_MARKS
 #define DEEPINFER_GATHER_TIMELINE 1
 #endif
@@ -101,9 +107,9 @@ __global__ void __launch_bounds__(32) widen_kernel(const uint4* src, uint4* dst,
 #pragma unroll
   for (int k = 0; k < 5; ++k) dep ^= v[k].x;
   copy_mark(2, dep);
-  // vector i of the 4-row span lands in row i / 36.5 ... keep it simple: each row's 36.5
-  // vectors are written as the row's first 584 bytes' worth of the loaded vectors (not a
-  // faithful copy of row boundaries: only the traffic matters here), the rest zeros.
+  // Row `row` gets 37 of the loaded vectors (from vector 36 * row on) and then zeros: the
+  // traffic of a 584 -> 1024 copy, not its exact byte placement (a row's 584 bytes are 36.5
+  // vectors), which this timing does not need.
   __shared__ uint4 sm[160];
 #pragma unroll
   for (int k = 0; k < 5; ++k) sm[k * 32 + threadIdx.x] = v[k];
