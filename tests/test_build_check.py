@@ -3,10 +3,13 @@
 * parsing of ptxas output, architecture and gencode handling (pure Python);
 * `build-check` on the real csrc/ (needs nvcc; skips without it): every kernel compiles
   for sm_80 / sm_86 without spills, and csrc/api/*.cpp passes a syntax check;
+* scripts/device/gather_timeline.cu compiles (it includes the gather kernel source) and the
+  shipped gather holds none of its timeline hooks (needs nvcc);
 * tests/native/fp8_codec_check.cu compiled for the host: the csrc/common codecs against
   the software path of __nv_cvt_float_to_fp8 from cuda_fp8.hpp over a stride of all 2^32
   float bit patterns (needs nvcc).
 """
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,25 @@ def test_build_check_real_sources_no_spills():
 @needs_nvcc
 def test_fp8_codecs_match_cuda_fp8_host_path(tmp_path):
     assert run_native_check(NVCC, "fp8_codec_check.cu", tmp_path, "997", timeout=600) > 4_000_000
+
+
+@needs_nvcc
+def test_gather_timeline_harness_compiles_and_hooks_stay_out(tmp_path):
+    """scripts/device/gather_timeline.cu includes csrc/cache/gather_k.cu itself, so a change to
+    the gather's internals can break it: both of its builds (timeline marks and timing) must
+    compile for sm_80; and the shipped gather's PTX must hold no timeline code."""
+    repo = Path(__file__).resolve().parents[1]
+    src = repo / "scripts" / "device" / "gather_timeline.cu"
+    for extra in ([], ["-DGTL_NO_MARKS"]):
+        out = tmp_path / f"gtl{len(extra)}.o"
+        r = subprocess.run([str(NVCC), "-O1", "-std=c++17", f"-I{repo / 'csrc'}", "-arch=sm_80",
+                            *extra, "-c", "-o", str(out), str(src)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and out.exists(), r.stderr[-3000:]
+    ptx = tmp_path / "gather_k.ptx"
+    r = subprocess.run([str(NVCC), "-std=c++17", f"-I{repo / 'csrc'}", "-arch=sm_80", "-ptx",
+                        "-o", str(ptx), str(repo / "csrc" / "cache" / "gather_k.cu")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = ptx.read_text()
+    assert "gather_k_warp_kernel" in text and "globaltimer" not in text
