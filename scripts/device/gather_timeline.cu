@@ -14,11 +14,11 @@
 //   nvcc -O3 -std=c++17 -Icsrc -gencode arch=compute_80,code=sm_90 \
 //        -o /tmp/gtl scripts/device/gather_timeline.cu && /tmp/gtl 49152 1
 // Arguments: entries per request, requests (default 49152 1). Needs only the CUDA runtime.
-// With one request it also times (on the gather's inputs) dec59cb's tile kernel as a same-run
-// baseline, clones of the tile (tile_clone: one tile per block, optionally without the decode
-// or with a constant-page-size lookup), variants of it (tile_var) and the paged copies
-// (paged_kernel); figures and what they showed: docs/kernels-cache-index.md, session of
-// 2026-11-30 from 19:56 UTC. -DGTL_NO_MARKS builds the timing binary: no timeline code in
+// With one request it also times, on the gather's inputs, variants of the tile (tile_var:
+// one tile per block, with or without the decode, other lookups and load forms) and the paged
+// copies (paged_kernel); figures and what they showed: docs/kernels-cache-index.md, session of
+// 2026-11-30 from 19:56 UTC (measured with this program at commit 0870414, which also held
+// dec59cb's tile kernel as the same-run baseline of the kept change). -DGTL_NO_MARKS builds the timing binary: no timeline code in
 // any kernel, graph-replayed times only (gather_timeline.sh builds both).
 #ifndef GTL_NO_MARKS
 #define DEEPINFER_GATHER_TIMELINE 1
@@ -181,153 +181,24 @@ __global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const i
   }
 }
 
-// The tile kernel as shipped before 2026-11-30 20:10 UTC (commit dec59cb): the same-run
-// baseline of the changes measured here. Verbatim but for the names.
-__device__ __forceinline__ int64_t old_resolve_entry(const GatherKParams& p, const int32_t* bt_row,
-                                                 int start, int64_t i) {
-  int64_t packed = -1;
-  const int64_t pos = start + i;
-  const int64_t blk = pos / p.block_size;
-  if (pos >= 0 && blk < p.max_blocks && p.offset + i < p.out_rows) {
-    const int64_t phys = bt_row[blk * p.bt_stride1];
-    if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos - blk * p.block_size);
-  }
-  return packed;
-}
-
-template <bool kEvictFirst>
-__global__ void __launch_bounds__(32)
-old_tile_kernel(const GatherKParams p) {
-  uint64_t pol = 0;
-  if constexpr (kEvictFirst) pol = l2_policy_evict_first();
-  const int lane = threadIdx.x;
-  const int r = blockIdx.y;
-  GATHER_TIMELINE(0, 0u, lane);
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int start = seq_len - gather_len;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < gather_len; first += step) {
-    const int64_t i = first + lane;
-    int64_t packed = -1;
-    if (lane < kWarpEntries && i < gather_len) packed = old_resolve_entry(p, bt_row, start, i);
-    int64_t ep[kWarpEntries];
-    EntryLoads e[kWarpEntries];
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
-    GATHER_TIMELINE(1, static_cast<uint32_t>(ep[kWarpEntries - 1]), lane);
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (ep[j] >= 0) e[j] = load_packed<kEvictFirst>(p, ep[j], lane, pol);
-    }
-#ifdef DEEPINFER_GATHER_TIMELINE
-    {
-      uint32_t dep = 0;
-#pragma unroll
-      for (int j = 0; j < kWarpEntries; ++j) {
-        if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
-      }
-      GATHER_TIMELINE(2, dep, lane);
-    }
-#endif
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (ep[j] >= 0) {
-        store_entry<false, kEvictFirst>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
-      }
-    }
-  }
-}
-
-// Clones of the shipped tile kernel (gather_k_warp_kernel with the L2 policy), to find which
-// of its parts cost time: kDecode false stores the loaded bytes raw (wrong output by design);
-// kSimpleLookup resolves entries as paged_kernel does (seq_lens[r], then block_table[i / 64]
-// with the constant page size of these inputs, no 64-bit division by a run-time block size).
-template <bool kDecode, bool kSimpleLookup>
-__global__ void __launch_bounds__(32) tile_clone(const GatherKParams p) {
-  copy_mark(0, 0u);
-  const uint64_t pol = l2_policy_evict_first();
-  const int lane = threadIdx.x;
-  const int r = blockIdx.y;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
-  int64_t packed = -1;
-  if constexpr (kSimpleLookup) {
-    const int n = p.seq_lens[r];
-    const int64_t i = first + lane;
-    if (lane < kWarpEntries && i < n) packed = (static_cast<int64_t>(bt_row[i / 64]) << 16) | (i % 64);
-  } else {
-    const int seq_len = p.seq_lens[r];
-    const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-    const int start = seq_len - gather_len;
-    const int64_t i = first + lane;
-    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
-  }
-  int64_t ep[kWarpEntries];
-  EntryLoads e[kWarpEntries];
-#pragma unroll
-  for (int j = 0; j < kWarpEntries; ++j) ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
-#pragma unroll
-  for (int j = 0; j < kWarpEntries; ++j) {
-    if (ep[j] >= 0) e[j] = load_packed<true>(p, ep[j], lane, pol);
-  }
-  {
-    uint32_t dep = 0;
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (ep[j] >= 0) dep ^= e[j].a.x ^ e[j].b.x ^ e[j].scales.x;
-    }
-    copy_mark(2, dep);
-  }
-#pragma unroll
-  for (int j = 0; j < kWarpEntries; ++j) {
-    if (ep[j] >= 0) {
-      uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
-      if constexpr (kDecode) {
-        store_entry<false, true>(row, e[j], lane, pol);
-      } else {
-        st_v4_pol(row + 8 * lane, make_uint4(e[j].a.x, e[j].a.y, e[j].scales.x, e[j].scales.y), pol);
-        st_v4_pol(row + 256 + 8 * lane, e[j].b, pol);
-      }
-    }
-  }
-}
-
-// Variants of the tile kernel (decode and stores as shipped), single tile per block:
-//   kNA:     record loads also carry L1::no_allocate (the streaming records do not evict the
-//            block-table and seq_lens lines from L1);
+// Variants of the shipped tile (gather_k_warp_kernel with the L2 policy), one tile per block,
+// to find which of its parts cost time:
+//   kDecode false: the loaded bytes stored raw (a diagnostic, wrong output by design);
+//   kSimpleLookup: entries resolved as paged_kernel does (seq_lens[r], then
+//            block_table[i / 64] with the constant page size of these inputs);
 //   kSpec:   without gather_lens the tile's block-table entries load next to seq_lens
 //            (start = 0), not after it;
 //   kContig: when the tile's four entries are consecutive in one page, their 2,304 data bytes
 //            load as 144 16-byte vectors (4.5 per lane) and the scale words with the remainder,
-//            through shared memory to the per-row decode.
-__device__ __forceinline__ uint2 ld_na_v2_pol(const void* q, uint64_t pol) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v2.u32 {%0, %1}, [%2], %3;"
-               : "=r"(v.x), "=r"(v.y) : "l"(q), "l"(pol));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_na_v4_pol(const void* q, uint64_t pol) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(q), "l"(pol));
-  return v;
-}
-template <bool kNA>
-__device__ __forceinline__ uint2 rec_v2(const void* q, uint64_t pol) {
-  if constexpr (kNA) return ld_na_v2_pol(q, pol);
-  else return ld_nc_v2_pol(q, pol);
-}
-template <bool kNA>
-__device__ __forceinline__ uint4 rec_v4(const void* q, uint64_t pol) {
-  if constexpr (kNA) return ld_na_v4_pol(q, pol);
-  else return ld_nc_v4_pol(q, pol);
+//            through shared memory to the per-row decode and stores;
+//   kScaleFirst: the four scale words loaded before the records' data.
+// Otherwise loads, decode and stores are the shipped kernel's (load_packed, store_entry).
+__device__ __forceinline__ void store_raw(uint16_t* row, const EntryLoads& e, int lane, uint64_t pol) {
+  st_v4_pol(row + 8 * lane, make_uint4(e.a.x, e.a.y, e.scales.x, e.scales.y), pol);
+  st_v4_pol(row + 256 + 8 * lane, e.b, pol);
 }
 
-template <bool kNA, bool kSpec, bool kContig, bool kScaleFirst = false>
+template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst>
 __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
@@ -339,10 +210,15 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
   const int64_t i = first + lane;
   int64_t packed = -1;
-  if (kSpec && p.gather_lens == nullptr) {
+  if constexpr (kSimpleLookup) {
+    const int n = p.seq_lens[r];
+    if (lane < kWarpEntries && i < n) packed = (static_cast<int64_t>(bt_row[i / 64]) << 16) | (i % 64);
+  } else if (kSpec && p.gather_lens == nullptr) {
     int64_t phys = -1;
     const uint32_t blk = static_cast<uint32_t>(i) >> p.block_shift;
-    if (lane < kWarpEntries && blk < static_cast<uint32_t>(p.max_blocks)) phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
+    if (lane < kWarpEntries && blk < static_cast<uint32_t>(p.max_blocks)) {
+      phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
+    }
     const int seq_len = p.seq_lens[r];
     if (lane < kWarpEntries && i < seq_len && p.offset + i < p.out_rows && phys >= 0 && phys < p.num_blocks) {
       packed = (phys << 16) | (static_cast<uint32_t>(i) - (blk << p.block_shift));
@@ -360,6 +236,7 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
     fast = fast && ep[0] >= 0 && ep[j] == ep[0] + j;
   }
+  EntryLoads e[kWarpEntries];
   if (kContig && fast) {
     __shared__ __align__(16) uint8_t s_data[kWarpEntries * kDataBytes];
     __shared__ __align__(16) uint2 s_scale[kWarpEntries];
@@ -370,9 +247,9 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     uint4 vr = make_uint4(0u, 0u, 0u, 0u);
     uint2 sc = make_uint2(0u, 0u);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = rec_v4<kNA>(d + 16 * (lane + 32 * k), pol);
+    for (int k = 0; k < 4; ++k) v[k] = ld_nc_v4_pol(d + 16 * (lane + 32 * k), pol);
     if (lane < 16) {
-      vr = rec_v4<kNA>(d + 16 * (128 + lane), pol);
+      vr = ld_nc_v4_pol(d + 16 * (128 + lane), pol);
     } else if (lane < 20) {
       sc = ld_nc_v2(blk + scale_offset(p.block_size, in_blk + lane - 16));
     }
@@ -388,46 +265,43 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
       const uint8_t* rec = s_data + j * kDataBytes;
-      EntryLoads e;
-      e.a = *reinterpret_cast<const uint2*>(rec + 8 * lane);
+      e[j].a = *reinterpret_cast<const uint2*>(rec + 8 * lane);
       if (lane < 24) {
         const uint2 t = *reinterpret_cast<const uint2*>(rec + 256 + 8 * lane);
-        e.b = make_uint4(t.x, t.y, 0u, 0u);
+        e[j].b = make_uint4(t.x, t.y, 0u, 0u);
       } else {
-        e.b = *reinterpret_cast<const uint4*>(rec + kRopeOffset + 16 * (lane - 24));
+        e[j].b = *reinterpret_cast<const uint4*>(rec + kRopeOffset + 16 * (lane - 24));
       }
-      e.scales = s_scale[j];
-      store_entry<false, true>(out_req + (p.offset + first + j) * p.out_stride1, e, lane, pol);
+      e[j].scales = s_scale[j];
     }
-    return;
-  }
-  EntryLoads e[kWarpEntries];
-  if constexpr (kScaleFirst) {
+  } else {
+    if constexpr (kScaleFirst) {
+#pragma unroll
+      for (int j = 0; j < kWarpEntries; ++j) {
+        if (ep[j] >= 0) {
+          e[j].scales = ld_nc_v2(block_base(p.cache, ep[j] >> 16, p.block_stride) +
+                                 scale_offset(p.block_size, static_cast<int>(ep[j] & 0xFFFF)));
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
       if (ep[j] >= 0) {
-        const int in_blk = static_cast<int>(ep[j] & 0xFFFF);
-        e[j].scales = ld_nc_v2(block_base(p.cache, ep[j] >> 16, p.block_stride) + scale_offset(p.block_size, in_blk));
+        if constexpr (kScaleFirst) {  // the data as load_entry loads it, the scales already here
+          const uint8_t* entry = block_base(p.cache, ep[j] >> 16, p.block_stride) +
+                                 data_offset(static_cast<int>(ep[j] & 0xFFFF));
+          e[j].a = ld_record_v2<true>(entry + 8 * lane, pol);
+          if (lane < 24) {
+            const uint2 t = ld_record_v2<true>(entry + 256 + 8 * lane, pol);
+            e[j].b = make_uint4(t.x, t.y, 0u, 0u);
+          } else {
+            e[j].b = ld_record_v4<true>(entry + kRopeOffset + 16 * (lane - 24), pol);
+          }
+        } else {
+          e[j] = load_packed<true>(p, ep[j], lane, pol);
+        }
       }
     }
-  }
-#pragma unroll
-  for (int j = 0; j < kWarpEntries; ++j) {
-    if (ep[j] >= 0) {
-      const int in_blk = static_cast<int>(ep[j] & 0xFFFF);
-      const uint8_t* blk = block_base(p.cache, ep[j] >> 16, p.block_stride);
-      const uint8_t* entry = blk + data_offset(in_blk);
-      e[j].a = rec_v2<kNA>(entry + 8 * lane, pol);
-      if (lane < 24) {
-        const uint2 t = rec_v2<kNA>(entry + 256 + 8 * lane, pol);
-        e[j].b = make_uint4(t.x, t.y, 0u, 0u);
-      } else {
-        e[j].b = rec_v4<kNA>(entry + kRopeOffset + 16 * (lane - 24), pol);
-      }
-      if (!kScaleFirst) e[j].scales = ld_nc_v2(blk + scale_offset(p.block_size, in_blk));
-    }
-  }
-  {
     uint32_t dep = 0;
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
@@ -437,7 +311,14 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   }
 #pragma unroll
   for (int j = 0; j < kWarpEntries; ++j) {
-    if (ep[j] >= 0) store_entry<false, true>(out_req + (p.offset + first + j) * p.out_stride1, e[j], lane, pol);
+    if (ep[j] >= 0) {
+      uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
+      if constexpr (kDecode) {
+        store_entry<false, true>(row, e[j], lane, pol);
+      } else {
+        store_raw(row, e[j], lane, pol);
+      }
+    }
   }
 }
 
@@ -731,16 +612,6 @@ int main(int argc, char** argv) {
   };
   auto g = timeline_of(gcalls, true, gblocks);
   report("gather (shipped tile kernel)", g.second, gblocks, 4 * 1608.0, g.first, ceiling, sms);
-  {
-    std::vector<Call> calls;
-    for (int s = 0; s < sets; ++s) {
-      calls.push_back([&, s](cudaStream_t t) {
-        old_tile_kernel<true><<<dim3(static_cast<unsigned>((entries + 3) / 4), reqs), 32, 0, t>>>(gparams(gs[s]));
-      });
-    }
-    auto o = timeline_of(calls, true, gblocks);
-    report("gather, tile kernel of dec59cb (same-run baseline)", o.second, gblocks, 4 * 1608.0, o.first, ceiling, sms);
-  }
   auto c = timeline_of(ccalls, false, cblocks);
   report("copy, same bytes (4 KB in, 4 KB out per block)", c.second, cblocks, 8192.0, c.first, ceiling, sms);
   auto w = timeline_of(wcalls, false, wblocks);
@@ -769,17 +640,15 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
-    clone(tile_var<false, false, false>, "variant base (the shipped tile, one per block)");
-    clone(tile_var<true, false, false>, "variant: record loads L1::no_allocate");
-    clone(tile_var<false, true, false>, "variant: block table next to seq_lens");
-    clone(tile_var<false, false, true>, "variant: tile-contiguous loads");
-    clone(tile_var<false, false, false, true>, "variant: scale words loaded first");
-    clone(tile_var<true, true, true>, "variant: all three");
-    clone(tile_var<false, true, true>, "variant: spec + contiguous");
-    clone(tile_clone<true, false>, "clone of the tile gather (should time as the shipped one)");
-    clone(tile_clone<false, false>, "clone without the decode (raw bytes stored)");
-    clone(tile_clone<true, true>, "clone with the simple lookup");
-    clone(tile_clone<false, true>, "clone with the simple lookup, without the decode");
+    // <kDecode, kSimpleLookup, kSpec, kContig, kScaleFirst>
+    clone(tile_var<true, false, false, false, false>, "tile, one per block (the shipped tile)");
+    clone(tile_var<false, false, false, false, false>, "tile without the decode (raw bytes stored)");
+    clone(tile_var<true, true, false, false, false>, "tile with the simple lookup");
+    clone(tile_var<false, true, false, false, false>, "tile with the simple lookup, without the decode");
+    clone(tile_var<true, false, true, false, false>, "tile: block table next to seq_lens");
+    clone(tile_var<true, false, false, true, false>, "tile: tile-contiguous loads");
+    clone(tile_var<true, false, false, false, true>, "tile: scale words loaded first");
+    clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
     paged(paged_kernel<false, false, false>, "paged: linear pages, data only", true);
     paged(paged_kernel<true, false, false>, "paged: linear pages, data + scale words", true);
     paged(paged_kernel<false, true, false>, "paged: random pages (block table), data only", false);
