@@ -198,7 +198,31 @@ __device__ __forceinline__ void store_raw(uint16_t* row, const EntryLoads& e, in
   st_v4_pol(row + 256 + 8 * lane, e.b, pol);
 }
 
-template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst>
+// store_entry with one warp-wide test per entry: when no lane holds a NaN code and every
+// lane's scale bytes suit the bf16x2-multiply route (the common case), every chunk takes that
+// route without per-chunk branches; otherwise the shipped per-chunk routes (decode8).
+__device__ __forceinline__ void store_entry_vote(uint16_t* out_row, const EntryLoads& e, int lane,
+                                                 uint64_t pol) {
+  const int g = lane >> 3;
+  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
+  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const bool nope_hi = lane < 24;
+  const bool ok = !e4m3x4_has_nan(e.a.x) && !e4m3x4_has_nan(e.a.y) && e4m3_bf16mul_scale_ok(s_lo) &&
+                  (!nope_hi || (!e4m3x4_has_nan(e.b.x) && !e4m3x4_has_nan(e.b.y) &&
+                                e4m3_bf16mul_scale_ok(s_hi)));
+  uint4 lo, hi;
+  if (__all_sync(0xFFFFFFFFu, ok)) {
+    lo = e4m3x8_to_bf16x8_bf16mul(e.a, s_lo);
+    hi = nope_hi ? e4m3x8_to_bf16x8_bf16mul(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+  } else {
+    lo = decode8(e.a, s_lo);
+    hi = nope_hi ? decode8(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+  }
+  st_v4_pol(out_row + 8 * lane, lo, pol);
+  st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
+}
+
+template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, bool kVote = false>
 __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
@@ -313,7 +337,9 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   for (int j = 0; j < kWarpEntries; ++j) {
     if (ep[j] >= 0) {
       uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
-      if constexpr (kDecode) {
+      if constexpr (kDecode && kVote) {
+        store_entry_vote(row, e[j], lane, pol);
+      } else if constexpr (kDecode) {
         store_entry<false, true>(row, e[j], lane, pol);
       } else {
         store_raw(row, e[j], lane, pol);
@@ -649,6 +675,7 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, false, true, false>, "tile: tile-contiguous loads");
     clone(tile_var<true, false, false, false, true>, "tile: scale words loaded first");
     clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
+    clone(tile_var<true, false, false, false, false, true>, "tile: one warp vote per entry for the decode route");
     paged(paged_kernel<false, false, false>, "paged: linear pages, data only", true);
     paged(paged_kernel<true, false, false>, "paged: linear pages, data + scale words", true);
     paged(paged_kernel<false, true, false>, "paged: random pages (block table), data only", false);
