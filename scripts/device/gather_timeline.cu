@@ -666,8 +666,6 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
-    clone(gather_k_warp_kernel<true, true>, "the tile kernel with its tile loop (kWalk), one block per tile");
-    clone(gather_k_warp_kernel<true, false>, "the tile kernel without the loop (what launch_gather_k runs here)");
     // <kDecode, kSimpleLookup, kSpec, kContig, kScaleFirst>
     clone(tile_var<true, false, false, false, false>, "tile, one per block (the shipped tile)");
     clone(tile_var<false, false, false, false, false>, "tile without the decode (raw bytes stored)");
