@@ -281,9 +281,7 @@ __device__ __forceinline__ void gather_tile(const GatherKParams& p, const int32_
 // shape) the loop body never runs. With resolve_entry's 32-bit division this is 1.2-1.6%
 // faster than the tile as the loop's first iteration (same-run timing on the H200,
 // scripts/device/gather_timeline.sh, 2026-11-30 20:06 UTC; docs/kernels-cache-index.md).
-// kWalk false: the grid has a block for every tile (launch_warp's choice below the cap), and
-// the kernel has no tile loop at all.
-template <bool kEvictFirst, bool kWalk>
+template <bool kEvictFirst>
 __global__ void __launch_bounds__(32)
 gather_k_warp_kernel(const GatherKParams p) {
   uint64_t pol = 0;
@@ -298,11 +296,9 @@ gather_k_warp_kernel(const GatherKParams p) {
   uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
   int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
   gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
-  if constexpr (kWalk) {
-    const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
-    for (first += step; first < gather_len; first += step) {
-      gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
-    }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
+  for (first += step; first < gather_len; first += step) {
+    gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
   }
 }
 
@@ -323,7 +319,7 @@ template <bool kEvictFirst>
 int gather_warp_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst, true>, 32,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst>, 32,
                                                       gather_smem_pad()) != cudaSuccess ||
         n <= 0) {
       n = 16;
@@ -352,14 +348,9 @@ void launch_warp(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t s
   int64_t cap = static_cast<int64_t>(lim.sm_count) * gather_warp_blocks_per_sm<kEvictFirst>() *
                 (waves > 0 ? waves : kWarpWaves) / p.num_reqs;
   if (cap < 1) cap = 1;
-  const bool walk = x > cap;
-  if (walk) x = cap;
+  if (x > cap) x = cap;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  if (walk) {
-    gather_k_warp_kernel<kEvictFirst, true><<<grid, 32, gather_smem_pad(), stream>>>(p);
-  } else {
-    gather_k_warp_kernel<kEvictFirst, false><<<grid, 32, gather_smem_pad(), stream>>>(p);
-  }
+  gather_k_warp_kernel<kEvictFirst><<<grid, 32, gather_smem_pad(), stream>>>(p);
 }
 
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
