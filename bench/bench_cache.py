@@ -4,7 +4,8 @@ Implementations timed in the same process, on the same inputs:
 - ``ours``: ``deepinfer_sm80.ops.cache`` (CUDA extension), when built;
 - ``upstream``: vLLM 0.33.0's Triton kernels imported from the applied tree
   (``bench/upstream_import.py``; they use ``tl.float8e4nv``, so they need SM89+: an H200
-  runs them);
+  runs them; below SM89 the gather's upstream rows are left out and the report says why,
+  while upstream's combine, which has no FP8, still runs);
 - ``portable``: ``deepinfer_sm80.triton_portable`` (software e4m3; what other Ampere ports
   run). ``combine_topk_swa_indices`` has no FP8 and upstream's kernel compiles for SM80
   unchanged (checked here by an AOT compile for cuda 80), so its portable baseline is
@@ -142,6 +143,18 @@ def combine_call(fn: Callable, s: dict[str, Any], out=None) -> Callable[[], Any]
 
 
 # ---------------------------------------------------------------- implementations -------
+def upstream_gather_unsupported(capability: tuple[int, int]) -> str | None:
+    """Why upstream's gather cannot run on a GPU of this compute capability, or None.
+
+    Its Triton kernel decodes through ``tl.float8e4nv``, which Triton compiles only for SM89
+    and newer: on an A100 / A6000 the first call would fail to compile. The benchmark then
+    leaves its rows out (and says so) instead of losing every gather row to the error."""
+    if tuple(capability) < (8, 9):
+        return (f"needs SM89+ (tl.float8e4nv); this GPU is sm_{capability[0]}{capability[1]} "
+                "(upstream's combine has no FP8 and still runs)")
+    return None
+
+
 class _Skipped(Exception):
     """A baseline left out on purpose (--ours-only)."""
 
@@ -168,8 +181,12 @@ class Impls:
                     "cutlass DSL present: upstream's public gather would take the CuTeDSL "
                     "path; the Triton kernel object is called directly")
             kern = mod._DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL
-            self.gather["upstream"] = (
-                lambda out, kc, sl, gl, bt, bs, off: kern(out, kc, sl, gl, bt, bs, off, use_fnuz=False))
+            why_not = upstream_gather_unsupported(torch.cuda.get_device_capability())
+            if why_not:
+                self.missing["upstream gather"] = why_not
+            else:
+                self.gather["upstream"] = (
+                    lambda out, kc, sl, gl, bt, bs, off: kern(out, kc, sl, gl, bt, bs, off, use_fnuz=False))
             self.combine["upstream"] = mod.combine_topk_swa_indices
         except _Skipped:
             pass
@@ -253,6 +270,24 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
 
 
 # ---------------------------------------------------------------- benchmarks -------------
+def _baseline_ran(report: common.Report, what: str, name: str, call: Callable[[], Any]) -> bool:
+    """Runs ``call`` once (the correctness pass). Our kernels' errors propagate; a baseline
+    that fails is recorded as a failed check and left out of the timing, so that one broken
+    baseline does not take every row of the shape with it."""
+    if name.startswith("ours"):
+        call()
+        torch.cuda.synchronize()
+        return True
+    try:
+        call()
+        torch.cuda.synchronize()
+        return True
+    except Exception as e:  # recorded; the other implementations go on
+        traceback.print_exc()
+        report.check(f"{what}: baseline ran", False, f"{type(e).__name__}: {str(e)[:200]}")
+        return False
+
+
 def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: bool,
                  all_shapes: bool = False, shapes: list[tuple[int, int]] | None = None) -> None:
     order = [k for k in impls.gather if k.startswith("ours")] + \
@@ -266,10 +301,12 @@ def bench_gather(report: common.Report, impls: Impls, copy_gbps: float, quick: b
         shape = f"{reqs} x {n:,}"
         # correctness on set 0: every implementation, outputs poisoned with NaN
         outs = {}
-        for name in order:
+        for name in list(order):
             o = torch.full_like(sets[0]["out"], float("nan"))
-            gather_call(impls.gather[name], sets[0], o)()
-            torch.cuda.synchronize()
+            if not _baseline_ran(report, f"gather {shape} {name}", name,
+                                 gather_call(impls.gather[name], sets[0], o)):
+                order.remove(name)
+                continue
             outs[name] = o
             report.check(f"gather {shape} {name}: every output element written",
                          not bool(o.isnan().any()))
@@ -367,11 +404,13 @@ def bench_combine(report: common.Report, impls: Impls, copy_gbps: float, quick: 
         sets = [make_combine_set(tokens, reqs, gen) for _ in range(nsets)]
         shape = f"T={tokens}, {reqs} req"
         outs = {}
-        for name in order:
+        for name in list(order):
             idx = torch.full_like(sets[0]["idx"], 0x7EEEEEEE)
             lens = torch.full_like(sets[0]["lens"], 0x7EEEEEEE)
-            combine_call(impls.combine[name], sets[0], (idx, lens))()
-            torch.cuda.synchronize()
+            if not _baseline_ran(report, f"combine {shape} {name}", name,
+                                 combine_call(impls.combine[name], sets[0], (idx, lens))):
+                order.remove(name)
+                continue
             outs[name] = (idx, lens)
         exact = {}
         if "upstream" in outs:

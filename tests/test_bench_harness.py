@@ -186,3 +186,17 @@ def test_gpu_bundle_refuses_non_tree_and_unknown_wheels(tmp_path, monkeypatch):
     (wh / "numpy-2.0-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"x")
     with pytest.raises(DeepinferError, match="unexpected wheel"):
         bundle.build_bundle(_fake_tree(tmp_path / "t"), tmp_path / "x.tar.gz", wheelhouse=wh)
+
+
+def test_bench_cache_leaves_out_upstream_gather_below_sm89(monkeypatch):
+    """Upstream's gather decodes through tl.float8e4nv (SM89+): on an A100 / A6000 the bench
+    must leave its rows out with a reason instead of failing every gather row."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_cache as bc
+
+    for cap in ((8, 0), (8, 6), (7, 5)):
+        why = bc.upstream_gather_unsupported(cap)
+        assert why and f"sm_{cap[0]}{cap[1]}" in why and "SM89" in why
+    for cap in ((8, 9), (9, 0), (10, 0), (12, 0)):
+        assert bc.upstream_gather_unsupported(cap) is None
