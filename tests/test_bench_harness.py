@@ -200,3 +200,15 @@ def test_bench_cache_leaves_out_upstream_gather_below_sm89(monkeypatch):
         assert why and f"sm_{cap[0]}{cap[1]}" in why and "SM89" in why
     for cap in ((8, 9), (9, 0), (10, 0), (12, 0)):
         assert bc.upstream_gather_unsupported(cap) is None
+
+
+def test_bench_capability_override(monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_cache as bc
+
+    monkeypatch.setenv("DEEPINFER_BENCH_CAPABILITY", "8.6")
+    assert bc.bench_capability() == (8, 6)
+    assert bc.upstream_gather_unsupported(bc.bench_capability())
+    monkeypatch.setenv("DEEPINFER_BENCH_CAPABILITY", "9.0")
+    assert bc.upstream_gather_unsupported(bc.bench_capability()) is None
