@@ -288,15 +288,13 @@ def _baseline_ran(report: common.Report, what: str, name: str, call: Callable[[]
     """Runs ``call`` once (the correctness pass). Our kernels' errors propagate; a baseline
     that fails is recorded as a failed check and left out of the timing, so that one broken
     baseline does not take every row of the shape with it."""
-    if name.startswith("ours"):
-        call()
-        torch.cuda.synchronize()
-        return True
     try:
         call()
         torch.cuda.synchronize()
         return True
-    except Exception as e:  # recorded; the other implementations go on
+    except Exception as e:  # a baseline's failure is recorded; the others go on
+        if name.startswith("ours"):
+            raise
         traceback.print_exc()
         report.check(f"{what}: baseline ran", False, f"{type(e).__name__}: {str(e)[:200]}")
         return False
