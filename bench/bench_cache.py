@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -148,8 +149,6 @@ def bench_capability() -> tuple[int, int]:
     newer GPU which baselines a run on an older one leaves out (scripts/device/
     bench_as_ampere.sh). It only steers that choice: every kernel still runs natively, and
     the report records the variable with the run's other DEEPINFER_* settings."""
-    import os
-
     forced = os.environ.get("DEEPINFER_BENCH_CAPABILITY")
     if forced:
         major, _, minor = forced.partition(".")

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/device_limits.h"
+#include "common/fast_div.h"
 
 namespace deepinfer_sm80 {
 
@@ -40,9 +41,9 @@ struct GatherKParams {
   int block_size;
   int offset;
   int num_reqs;
-  // log2(block_size) when it is a power of two, else -1: set by launch_gather_k (callers
-  // leave it), so that the kernels find an entry's block with a shift
-  int block_shift = -1;
+  // block_size as a launch-time divisor (common/fast_div.h): set by launch_gather_k (callers
+  // leave it), so that the kernels find an entry's block without a run-time division
+  FastDivU31 block_div;
 };
 
 void launch_insert_k(const InsertKParams& p, const DeviceLimits& lim, cudaStream_t stream);

@@ -169,23 +169,20 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
 // Entry i of a request (0 <= i < gather_len) -> (physical block << 16) | position in block,
 // or -1 when it must be skipped: an out-of-range position, block-table column, block id or
 // output row is never read or written.
-// pos = start + i < seq_len <= INT32_MAX, so a non-negative pos divides as a 32-bit unsigned
-// value: by a shift when block_size is a power of two (block_shift >= 0; V4's page sizes are),
-// else by a 32-bit division. The 64-bit division it replaces (a long instruction sequence)
-// cost the tile gather about 1% (scripts/device/gather_timeline.sh, H200, 2026-11-30).
+// pos = start + i < seq_len <= INT32_MAX, so a non-negative pos divides by block_size with
+// the launch-time divisor p.block_div (common/fast_div.h: one multiply-high and a shift). The
+// 64-bit division it replaces (a long instruction sequence) cost the tile gather about 1%
+// (scripts/device/gather_timeline.sh, H200, 2026-11-30).
 __device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
                                                  int start, int64_t i) {
   int64_t packed = -1;
   const int64_t pos = start + i;
   if (pos >= 0 && p.offset + i < p.out_rows) {
-    const uint32_t upos = static_cast<uint32_t>(pos);
-    const uint32_t blk = p.block_shift >= 0 ? upos >> p.block_shift
-                                            : upos / static_cast<uint32_t>(p.block_size);
-    if (blk < static_cast<uint32_t>(p.max_blocks)) {
+    const int32_t pos32 = static_cast<int32_t>(pos);
+    const int32_t blk = fast_div(pos32, p.block_div);
+    if (blk < p.max_blocks) {
       const int64_t phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
-      if (phys >= 0 && phys < p.num_blocks) {
-        packed = (phys << 16) | (upos - blk * static_cast<uint32_t>(p.block_size));
-      }
+      if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos32 - blk * p.block_size);
     }
   }
   return packed;
@@ -421,11 +418,7 @@ bool gather_l2_evict_first() {
 void launch_gather_k(const GatherKParams& params, const DeviceLimits& lim, cudaStream_t stream) {
   if (params.num_reqs <= 0) return;
   GatherKParams p = params;
-  p.block_shift = -1;
-  if (p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0) {
-    p.block_shift = 0;
-    while ((1 << p.block_shift) < p.block_size) ++p.block_shift;
-  }
+  p.block_div = make_fast_div(p.block_size);
   switch (gather_variant()) {
     case 2: launch<2, false>(p, lim, stream); break;
     case 3: launch<2, true>(p, lim, stream); break;

@@ -239,13 +239,11 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     if (lane < kWarpEntries && i < n) packed = (static_cast<int64_t>(bt_row[i / 64]) << 16) | (i % 64);
   } else if (kSpec && p.gather_lens == nullptr) {
     int64_t phys = -1;
-    const uint32_t blk = static_cast<uint32_t>(i) >> p.block_shift;
-    if (lane < kWarpEntries && blk < static_cast<uint32_t>(p.max_blocks)) {
-      phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
-    }
+    const int32_t blk = fast_div(static_cast<int32_t>(i), p.block_div);
+    if (lane < kWarpEntries && blk < p.max_blocks) phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
     const int seq_len = p.seq_lens[r];
     if (lane < kWarpEntries && i < seq_len && p.offset + i < p.out_rows && phys >= 0 && phys < p.num_blocks) {
-      packed = (phys << 16) | (static_cast<uint32_t>(i) - (blk << p.block_shift));
+      packed = (phys << 16) | (i - static_cast<int64_t>(blk) * p.block_size);
     }
   } else {
     const int seq_len = p.seq_lens[r];
@@ -575,7 +573,7 @@ int main(int argc, char** argv) {
     p.block_size = kBlockSize;
     p.offset = 0;
     p.num_reqs = reqs;
-    p.block_shift = 6;  // launch_gather_k sets it itself; the clones read it
+    p.block_div = make_fast_div(kBlockSize);  // launch_gather_k sets it itself; the variants read it
     return p;
   };
   using Call = std::function<void(cudaStream_t)>;
