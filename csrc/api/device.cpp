@@ -30,12 +30,12 @@ at::Tensor fp8_codec_test(const at::Tensor& input, const std::optional<at::Tenso
   } else if (mode == 2) {
     api::check_dtype(input, "input", at::kByte);
     out = at::empty(input.sizes(), input.options().dtype(at::kFloat));
-  } else if (mode == 3 || mode == 4) {
+  } else if (mode == 3 || mode == 4 || mode == 5) {
     api::check_dtype(input, "input", at::kByte);
-    TORCH_CHECK(input.numel() % 4 == 0, "mode 3 needs a multiple of 4 codes");
+    TORCH_CHECK(input.numel() % 4 == 0, "modes 3-5 need a multiple of 4 codes");
     TORCH_CHECK(scales.has_value() && scales->is_cuda() && scales->is_contiguous() &&
                     scales->scalar_type() == at::kByte && scales->numel() * 4 == input.numel(),
-                "mode 3 needs one uint8 scale per 4 codes");
+                "modes 3-5 need one uint8 scale per 4 codes");
     sc = scales->data_ptr<uint8_t>();
     out = at::empty(input.sizes(), input.options().dtype(at::kBFloat16));
   } else {

@@ -56,6 +56,7 @@ void launch_gather_k(const GatherKParams& p, const DeviceLimits& lim, cudaStream
 //   mode 3: out_bf16[i] = bf16(e4m3(in_u8[i]) * 2^(s_i - 127)) via the packed fast path
 //           (falls back like the gather kernel), s_i = scale_u8[i / 4]
 //   mode 4: the same through the bf16-multiply decode (scale bytes 10..134)
+//   mode 5: the same through the two-multiply bf16 decode (scale bytes 10..246)
 void launch_fp8_codec_test(int mode, const void* in, const uint8_t* scales, void* out,
                            int64_t n, cudaStream_t stream);
 

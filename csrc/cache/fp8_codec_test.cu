@@ -22,14 +22,19 @@ __global__ void fp8_codec_test_kernel(int mode, const void* in, const uint8_t* s
           __nv_cvt_float_to_fp8(static_cast<const float*>(in)[i], __NV_SATFINITE, __NV_E4M3));
     } else if (mode == 2) {
       static_cast<float*>(out)[i] = e4m3_to_float(static_cast<const uint8_t*>(in)[i]);
-    } else if ((mode == 3 || mode == 4) && (i & 3) == 0 && i + 3 < n) {
-      // Four codes sharing scale scales[i / 4], through the gather kernel's decode choice:
-      // mode 3 the fp16/fp32 route (s in [1, 246]), mode 4 the bf16-multiply route
-      // (s in [10, 134]); NaN codes and other scale bytes take the scalar route.
+    } else if ((mode == 3 || mode == 4 || mode == 5) && (i & 3) == 0 && i + 3 < n) {
+      // Four codes sharing scale scales[i / 4], through one of the gather kernel's decode
+      // routes: mode 3 the fp16/fp32 route (s in [1, 246]), mode 4 the bf16-multiply route
+      // (s in [10, 134]), mode 5 the two-multiply bf16 route (s in [10, 246]); NaN codes and
+      // other scale bytes take the scalar route.
       const uint32_t four = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(in) + i);
       const uint32_t s = scales[i / 4];
       __nv_bfloat162 lo, hi;
-      if (mode == 4 && e4m3_bf16mul_scale_ok(s) && !e4m3x4_has_nan(four)) {
+      if (mode == 5 && e4m3_bf16mul2_scale_ok(s) && !e4m3_nan_any(e4m3_nan_fold(0u, four))) {
+        const __nv_bfloat162 mult = ue8m0_to_bf16x2(s);
+        lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four, 0x9180u), mult);
+        hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four, 0xB3A2u), mult);
+      } else if (mode == 4 && e4m3_bf16mul_scale_ok(s) && !e4m3x4_has_nan(four)) {
         e4m3x4_to_bf16x4_bf16mul(four, e4m3_bf16mul_multiplier(s), lo, hi);
       } else if (mode == 3 && e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(four)) {
         e4m3x4_to_bf16x4_scaled(four, e4m3_fast_multiplier(s), lo, hi);

@@ -27,12 +27,14 @@
 // byte is touched once; 1-2.4% faster in two same-run comparisons on the H200, 2026-11-30;
 // kEvictFirst below).
 //
-// Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact, by one of three routes per
-// 8-code chunk (common/fp8_e4m3.cuh): scale bytes 10..134, one bf16x2 multiply
-// (e4m3x4_to_bf16x4_bf16mul); other bytes in [1, 246], fp16 -> fp32 and one fp32 multiply
-// (e4m3x4_to_bf16x4_scaled); chunks holding a NaN code and the remaining scale bytes, the
-// scalar path. All three give the bits of "fp32 decode * 2^(s-127), RNE to bf16"
-// (upstream's Triton kernel).
+// Decode: e4m3 -> bf16 with the UE8M0 scale folded in, exact (common/fp8_e4m3.cuh). Each
+// lane decodes its 16 codes of an entry by two bf16x2 multiplies per code pair
+// (e4m3x8_to_bf16x8_bf16mul2, scale bytes 10..246) as straight-line code, unless one of them
+// is a NaN code or a scale byte is outside that range (decode_entry); then, per 8-code
+// chunk (decode8): scale bytes 10..134, one bf16x2 multiply (e4m3x4_to_bf16x4_bf16mul);
+// other bytes in [1, 246], fp16 -> fp32 and one fp32 multiply (e4m3x4_to_bf16x4_scaled);
+// chunks holding a NaN code and the remaining scale bytes, the scalar path. All routes give
+// the bits of "fp32 decode * 2^(s-127), RNE to bf16" (upstream's Triton kernel).
 #include <cuda_runtime.h>
 
 #include "cache/cache_kernels.h"
@@ -152,17 +154,42 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
   }
 }
 
+// A lane's share of one entry decoded: lo = NoPE codes [8L, 8L+8) with group L/8's scale
+// byte, hi = codes [256+8L, ..) with group 4+L/8's (L < 24) or the RoPE values (L >= 24).
+// When none of the lane's 16 codes is a NaN code and its scale bytes lie in 10..246 (every
+// byte the KV writers produce below 247), both chunks take the two-multiply bf16x2 route as
+// straight-line code; otherwise decode8 redoes them by its per-chunk routes. Measured on the
+// H200 (scripts/device/gather_timeline.sh, 2026-11-30 21:4x UTC): 1.1% faster than choosing
+// among decode8's routes for each chunk (a branch region per chunk that the compiler could
+// not interleave), with the benchmark's scale bytes 110..135.
+__device__ __forceinline__ void decode_entry(const EntryLoads& e, int lane, uint4& lo, uint4& hi) {
+  const int g = lane >> 3;
+  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
+  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const bool rope = lane >= 24;  // hi holds RoPE values, not codes
+  const uint2 b = make_uint2(e.b.x, e.b.y);
+  // Every lane computes both chunks and the test without a branch (lanes 24-31 then take
+  // their RoPE values); short-circuit tests and a branch around the second chunk made the
+  // compiler split this into divergent regions and cost the 1.1% (H200, 2026-11-30).
+  lo = e4m3x8_to_bf16x8_bf16mul2(e.a, s_lo);
+  hi = e4m3x8_to_bf16x8_bf16mul2(b, s_hi);
+  if (rope) hi = e.b;
+  uint32_t nan = e4m3_nan_fold(e4m3_nan_fold(0u, e.a.x), e.a.y);
+  nan = e4m3_nan_fold(e4m3_nan_fold(nan, rope ? 0u : b.x), rope ? 0u : b.y);
+  const bool fast = !e4m3_nan_any(nan) & e4m3_bf16mul2_scale_ok(s_lo) &
+                    (rope | e4m3_bf16mul2_scale_ok(s_hi));
+  if (!fast) {
+    lo = decode8(e.a, s_lo);
+    hi = rope ? e.b : decode8(b, s_hi);
+  }
+}
+
 template <bool kStreaming, bool kEvictFirst>
 __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads& e, int lane,
                                             uint64_t pol) {
-  const int g = lane >> 3;
-  store16<kStreaming, kEvictFirst>(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
-  uint4 hi;
-  if (lane < 24) {
-    hi = decode8(make_uint2(e.b.x, e.b.y), kv_record::group_scale_byte(e.scales, 4 + g));
-  } else {
-    hi = e.b;
-  }
+  uint4 lo, hi;
+  decode_entry(e, lane, lo, hi);
+  store16<kStreaming, kEvictFirst>(out_row + 8 * lane, lo, pol);
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
@@ -240,10 +267,17 @@ gather_k_kernel(const GatherKParams p) {
 // entries at a time (tile t: entries [4t, 4t + 4)), tiles walked with stride gridDim.x.
 // Lane k < 4 resolves entry k of the tile (resolve_entry), the warp loads all four records
 // and then writes the four rows (two 512-byte stores per row).
+// The tile reads its request's header (seq_lens, gather_lens) itself, so that nothing but
+// the kernel parameters and the tile index stays live across it: the tile kernel then fits
+// 64 registers (32 resident blocks per SM on SM80 and SM90) without spills.
 template <bool kEvictFirst>
-__device__ __forceinline__ void gather_tile(const GatherKParams& p, const int32_t* bt_row,
-                                            uint16_t* out_req, int start, int gather_len,
-                                            int64_t first, int lane, uint64_t pol) {
+__device__ __forceinline__ void gather_tile(const GatherKParams& p, int r, int64_t first, int lane,
+                                            uint64_t pol) {
+  const int seq_len = p.seq_lens[r];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
+  const int start = seq_len - gather_len;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
+  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
   const int64_t i = first + lane;
   int64_t packed = -1;
   if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
@@ -274,28 +308,40 @@ __device__ __forceinline__ void gather_tile(const GatherKParams& p, const int32_
   }
 }
 
-// The block's first tile is peeled out of the tile loop: below the grid cap (every benchmark
-// shape) the loop body never runs. With resolve_entry's 32-bit division this is 1.2-1.6%
-// faster than the tile as the loop's first iteration (same-run timing on the H200,
-// scripts/device/gather_timeline.sh, 2026-11-30 20:06 UTC; docs/kernels-cache-index.md).
-template <bool kEvictFirst>
-__global__ void __launch_bounds__(32)
+// kWalk false: one tile per block, no loop (the grid covers every tile: below the grid cap,
+// every benchmark shape). kWalk true: the blocks walk the tiles with stride gridDim.x. The
+// loop is not peeled: with the tile reading its own header (gather_tile) both kernels fit 64
+// registers on sm_80 and sm_90 (32 resident blocks per SM) without spills; a peeled first
+// tile took 71, or spilled under a 64-register cap. The loop-free kernel is 0.7-0.9% faster
+// than the walking one at 49,152 entries (H200, scripts/device/gather_timeline.sh,
+// 2026-11-30 21:27 UTC).
+// Resident one-warp blocks per SM the kernels are compiled for: the block limit of SM80
+// and SM90, 32, which holds them at 64 registers (ptxas gave the loop-free kernel 68 on
+// sm_80, 28 resident blocks). SM86 holds 16 blocks per SM and needs no limit.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 900)
+constexpr int kWarpMinBlocks = 32;
+#else
+constexpr int kWarpMinBlocks = 0;
+#endif
+
+template <bool kEvictFirst, bool kWalk>
+__global__ void __launch_bounds__(32, kWarpMinBlocks)
 gather_k_warp_kernel(const GatherKParams p) {
   uint64_t pol = 0;
   if constexpr (kEvictFirst) pol = l2_policy_evict_first();
   const int lane = threadIdx.x;
   const int r = blockIdx.y;
   GATHER_TIMELINE(0, 0u, lane);
-  const int seq_len = p.seq_lens[r];
-  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-  const int start = seq_len - gather_len;
-  const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
-  uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
-  int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
-  gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
-  for (first += step; first < gather_len; first += step) {
-    gather_tile<kEvictFirst>(p, bt_row, out_req, start, gather_len, first, lane, pol);
+  if constexpr (!kWalk) {
+    gather_tile<kEvictFirst>(p, r, static_cast<int64_t>(blockIdx.x) * kWarpEntries, lane, pol);
+  } else {
+    // tiles at or past out_rows - offset hold no entry that may be written (resolve_entry)
+    const int64_t rows = p.out_rows - p.offset;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpEntries;
+#pragma unroll 1
+    for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries; first < rows; first += step) {
+      gather_tile<kEvictFirst>(p, r, first, lane, pol);
+    }
   }
 }
 
@@ -316,7 +362,7 @@ template <bool kEvictFirst>
 int gather_warp_blocks_per_sm() {
   static int cached = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst>, 32,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_k_warp_kernel<kEvictFirst, true>, 32,
                                                       gather_smem_pad()) != cudaSuccess ||
         n <= 0) {
       n = 16;
@@ -345,9 +391,14 @@ void launch_warp(const GatherKParams& p, const DeviceLimits& lim, cudaStream_t s
   int64_t cap = static_cast<int64_t>(lim.sm_count) * gather_warp_blocks_per_sm<kEvictFirst>() *
                 (waves > 0 ? waves : kWarpWaves) / p.num_reqs;
   if (cap < 1) cap = 1;
-  if (x > cap) x = cap;
+  const bool walk = x > cap;
+  if (walk) x = cap;
   dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.num_reqs));
-  gather_k_warp_kernel<kEvictFirst><<<grid, 32, gather_smem_pad(), stream>>>(p);
+  if (walk) {
+    gather_k_warp_kernel<kEvictFirst, true><<<grid, 32, gather_smem_pad(), stream>>>(p);
+  } else {
+    gather_k_warp_kernel<kEvictFirst, false><<<grid, 32, gather_smem_pad(), stream>>>(p);
+  }
 }
 
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>

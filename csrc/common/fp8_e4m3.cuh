@@ -197,6 +197,40 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul(uint32_t four_bytes, __
   hi = e4m3x2_sext_to_bf16x2_bf16mul(prmt_sext(four_bytes, 0xB3A2u), mult);
 }
 
+// Bf16-arithmetic decode for UE8M0 bytes 10 <= s <= 246 and non-NaN codes: two bf16x2
+// multiplies instead of one. The code's bits in the bf16 layout (v * 2^-120, as above) times
+// 2^120 give v itself, exactly (v >= 2^-9 is a normal bf16); times 2^(s-127) (a normal bf16
+// for 1 <= s <= 254) give v * 2^(s-127), exactly for 10 <= s <= 246: at most 4 significant
+// bits, the smallest product 2^-9 * 2^-117 = 2^-126 is normal, the largest
+// 448 * 2^119 = 1.75 * 2^127 below the bf16 maximum. So it covers every scale byte the KV
+// writers produce below 247 (the one-multiply route stops at 134), zeros keeping their sign.
+__device__ __forceinline__ bool e4m3_bf16mul2_scale_ok(uint32_t s) { return s - 10u <= 236u; }
+
+__device__ __forceinline__ __nv_bfloat162 bf16x2_from_bits(uint32_t b) {
+  __nv_bfloat162 v;
+  memcpy(&v, &b, 4);
+  return v;
+}
+
+// bf16 bits of 2^(s - 127) in both halves (1 <= s <= 254)
+__device__ __forceinline__ __nv_bfloat162 ue8m0_to_bf16x2(uint32_t s) {
+  return bf16x2_from_bits((s << 7) | (s << 23));
+}
+
+__device__ __forceinline__ __nv_bfloat162 e4m3x2_sext_to_bf16x2_bf16mul2(uint32_t h,
+                                                                         __nv_bfloat162 mult) {
+  const __nv_bfloat162 k2p120 = bf16x2_from_bits(0x7B807B80u);  // 2^120 in both halves
+  const __nv_bfloat162 v = bf16x2_from_bits((h << 4) & 0x87F087F0u);
+  return __hmul2(__hmul2(v, k2p120), mult);
+}
+
+// True if any of the codes of the words folded in by e4m3_nan_fold is a NaN code: a byte's
+// low 7 bits plus one carry into its bit 7 only for 0x7F (no carry leaves the byte).
+__device__ __forceinline__ uint32_t e4m3_nan_fold(uint32_t acc, uint32_t four_bytes) {
+  return acc | ((four_bytes & 0x7F7F7F7Fu) + 0x01010101u);
+}
+__device__ __forceinline__ bool e4m3_nan_any(uint32_t acc) { return (acc & 0x80808080u) != 0u; }
+
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
@@ -215,6 +249,15 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8_bf16mul(uint2 codes, uint32_t 
   const __nv_bfloat162 mult = e4m3_bf16mul_multiplier(s);
   return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
     e4m3x4_to_bf16x4_bf16mul(w, mult, lo, hi);
+  });
+}
+
+// Eight codes of a group with UE8M0 byte s (10..246) through the two-multiply bf16x2 route.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8_bf16mul2(uint2 codes, uint32_t s) {
+  const __nv_bfloat162 mult = ue8m0_to_bf16x2(s);
+  return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+    lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(w, 0x9180u), mult);
+    hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(w, 0xB3A2u), mult);
   });
 }
 

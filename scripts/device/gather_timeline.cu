@@ -35,6 +35,7 @@ namespace deepinfer_sm80 { namespace { __device__ unsigned long long* g_gather_t
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                                                  \
@@ -222,8 +223,73 @@ __device__ __forceinline__ void store_entry_vote(uint16_t* out_row, const EntryL
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
 }
 
-template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, bool kVote = false>
-__global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
+// Decode routes chosen once per entry (kRoute 4) or once per tile (3) by each lane, with no
+// warp vote: when none of the lane's codes is NaN and its scale bytes suit the route, both of
+// its chunks take it as straight-line code; otherwise decode8's per-chunk routes redo them.
+// kTwoMul: the two-multiply bf16x2 route (scale bytes 10..246; the shipped decode_entry),
+// else the one-multiply route (10..134).
+template <bool kTwoMul>
+__device__ __forceinline__ bool entry_fast(const EntryLoads& e, int lane, uint32_t s_lo, uint32_t s_hi) {
+  const bool nope_hi = lane < 24;
+  uint32_t nan = e4m3_nan_fold(0u, e.a.x);
+  nan = e4m3_nan_fold(nan, e.a.y);
+  nan = e4m3_nan_fold(nan, nope_hi ? e.b.x : 0u);
+  nan = e4m3_nan_fold(nan, nope_hi ? e.b.y : 0u);
+  const bool lo_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(s_lo) : e4m3_bf16mul_scale_ok(s_lo);
+  const bool hi_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(s_hi) : e4m3_bf16mul_scale_ok(s_hi);
+  return !e4m3_nan_any(nan) && lo_ok && (!nope_hi || hi_ok);
+}
+
+template <bool kTwoMul>
+__device__ __forceinline__ void decode_entry_fast(const EntryLoads& e, int lane, uint32_t s_lo,
+                                                  uint32_t s_hi, uint4& lo, uint4& hi) {
+  const uint2 b = make_uint2(e.b.x, e.b.y);
+  if constexpr (kTwoMul) {
+    lo = e4m3x8_to_bf16x8_bf16mul2(e.a, s_lo);
+    hi = e4m3x8_to_bf16x8_bf16mul2(b, s_hi);
+  } else {
+    lo = e4m3x8_to_bf16x8_bf16mul(e.a, s_lo);
+    hi = e4m3x8_to_bf16x8_bf16mul(b, s_hi);
+  }
+  if (lane >= 24) hi = e.b;
+}
+
+__device__ __forceinline__ void decode_entry_slow(const EntryLoads& e, int lane, uint32_t s_lo,
+                                                  uint32_t s_hi, uint4& lo, uint4& hi) {
+  lo = decode8(e.a, s_lo);
+  hi = lane < 24 ? decode8(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+}
+
+template <bool kTwoMul>
+__device__ __forceinline__ void store_entry_route(uint16_t* out_row, const EntryLoads& e, int lane,
+                                                  uint64_t pol) {
+  const int g = lane >> 3;
+  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
+  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  uint4 lo, hi;
+  decode_entry_fast<kTwoMul>(e, lane, s_lo, s_hi, lo, hi);
+  if (!entry_fast<kTwoMul>(e, lane, s_lo, s_hi)) decode_entry_slow(e, lane, s_lo, s_hi, lo, hi);
+  st_v4_pol(out_row + 8 * lane, lo, pol);
+  st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
+}
+
+// The decode of gather_k.cu before 2026-11-30 21:50 UTC: a route chosen for each 8-code chunk
+// (decode8), one branch region per chunk.
+__device__ __forceinline__ void store_entry_chunks(uint16_t* out_row, const EntryLoads& e, int lane,
+                                                   uint64_t pol) {
+  const int g = lane >> 3;
+  st_v4_pol(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
+  const uint4 hi = lane < 24 ? decode8(make_uint2(e.b.x, e.b.y), kv_record::group_scale_byte(e.scales, 4 + g))
+                             : e.b;
+  st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
+}
+
+// kRoute: 0 the shipped decode (store_entry: decode_entry), 1 store_entry_vote, 3 one route
+// test per lane for the whole tile (two-multiply route), then the tile's eight stores,
+// 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks.
+template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, int kRoute = 0,
+          int kMinBlocks = 0>
+__global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
   const uint64_t pol = l2_policy_evict_first();
@@ -331,12 +397,46 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     }
     copy_mark(2, dep);
   }
+  if constexpr (kDecode && kRoute == 3) {
+    const int g = lane >> 3;
+    uint4 lo[kWarpEntries], hi[kWarpEntries];
+    bool fast = true;
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      const uint32_t s_lo = kv_record::group_scale_byte(e[j].scales, g);
+      const uint32_t s_hi = kv_record::group_scale_byte(e[j].scales, 4 + g);
+      decode_entry_fast<true>(e[j], lane, s_lo, s_hi, lo[j], hi[j]);
+      fast = fast && (ep[j] < 0 || entry_fast<true>(e[j], lane, s_lo, s_hi));
+    }
+    if (!fast) {
+#pragma unroll
+      for (int j = 0; j < kWarpEntries; ++j) {
+        decode_entry_slow(e[j], lane, kv_record::group_scale_byte(e[j].scales, g),
+                          kv_record::group_scale_byte(e[j].scales, 4 + g), lo[j], hi[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (ep[j] >= 0) {
+        uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
+        st_v4_pol(row + 8 * lane, lo[j], pol);
+        st_v4_pol(row + 256 + 8 * lane, hi[j], pol);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kWarpEntries; ++j) {
     if (ep[j] >= 0) {
       uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
-      if constexpr (kDecode && kVote) {
+      if constexpr (kDecode && kRoute == 1) {
         store_entry_vote(row, e[j], lane, pol);
+      } else if constexpr (kDecode && kRoute == 2) {
+        store_entry_route<true>(row, e[j], lane, pol);
+      } else if constexpr (kDecode && kRoute == 5) {
+        store_entry_chunks(row, e[j], lane, pol);
+      } else if constexpr (kDecode && kRoute == 4) {
+        store_entry_route<false>(row, e[j], lane, pol);
       } else if constexpr (kDecode) {
         store_entry<false, true>(row, e[j], lane, pol);
       } else {
@@ -641,8 +741,23 @@ int main(int argc, char** argv) {
   auto w = timeline_of(wcalls, false, wblocks);
   report("widen, 4 x 584 -> 4 x 1024 contiguous per block", w.second, wblocks, 4 * 1608.0, w.first, ceiling, sms);
   if (reqs == 1) {
+    // TL_ONLY=a,b: time only the variants whose description contains one of these words
+    const char* only = std::getenv("TL_ONLY");
+    auto wanted = [&](const char* what) {
+      if (only == nullptr || *only == 0) return true;
+      std::string list(only);
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string word = list.substr(at, comma - at);
+        if (!word.empty() && std::string(what).find(word) != std::string::npos) return true;
+        at = comma + 1;
+      }
+      return false;
+    };
     // the gather's traffic without the decode (paged_kernel), on the gather's input sets
     auto paged = [&](auto kern, const char* what, bool linear_table) {
+      if (!wanted(what)) return;
       std::vector<Call> calls;
       for (int s = 0; s < sets; ++s) {
         calls.push_back([&, s, kern](cudaStream_t t) {
@@ -654,7 +769,24 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
+    // the shipped launcher's output of input set 0: every decoding variant must match it
+    const size_t out_bytes = static_cast<size_t>(entries) * 1024;
+    std::vector<unsigned char> ref(out_bytes), got(out_bytes);
+    CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
+    gcalls[0](st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(ref.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
     auto clone = [&](auto kern, const char* what) {
+      if (!wanted(what)) return;
+      CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
+      kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, 0, st>>>(gparams(gs[0]));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      for (size_t k = 0; k < out_bytes; ++k) diff += got[k] != ref[k];
+      std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
+                  diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
       std::vector<Call> calls;
       for (int s = 0; s < sets; ++s) {
         calls.push_back([&, s, kern](cudaStream_t t) {
@@ -673,7 +805,12 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, false, true, false>, "tile: tile-contiguous loads");
     clone(tile_var<true, false, false, false, true>, "tile: scale words loaded first");
     clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
-    clone(tile_var<true, false, false, false, false, true>, "tile: one warp vote per entry for the decode route");
+    clone(tile_var<true, false, false, false, false, 1>, "tile: one warp vote per entry for the decode route");
+    clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before 2026-11-30 21:50 UTC)");
+    clone(tile_var<true, false, false, false, false, 2>, "tile: route per lane and entry, two-multiply bf16 (harness copy)");
+    clone(tile_var<true, false, false, false, false, 4>, "tile: route per lane and entry, one-multiply bf16");
+    clone(tile_var<true, false, false, false, false, 3>, "tile: route per lane and tile, two-multiply bf16");
+    clone(tile_var<true, false, false, false, false, 0>, "tile, one per block (the shipped tile, again)");
     paged(paged_kernel<false, false, false>, "paged: linear pages, data only", true);
     paged(paged_kernel<true, false, false>, "paged: linear pages, data + scale words", true);
     paged(paged_kernel<false, true, false>, "paged: random pages (block table), data only", false);

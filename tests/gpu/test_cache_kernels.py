@@ -81,10 +81,12 @@ def test_device_e4m3_decode_all_codes(ext):
     assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
 
 
-@pytest.mark.parametrize("mode", [3, 4], ids=["fp32-route", "bf16-multiply-route"])
+@pytest.mark.parametrize("mode", [3, 4, 5],
+                         ids=["fp32-route", "bf16-multiply-route", "bf16-two-multiply-route"])
 def test_device_packed_decode_all_codes_all_scales(ext, mode):
     # every (code, scale byte) pair through one of the gather's packed decode routes (mode 3:
-    # s in [1, 246], mode 4: s in [10, 134], both without NaN codes) or the scalar fallback
+    # s in [1, 246], mode 4: s in [10, 134], mode 5: s in [10, 246], all without NaN codes)
+    # or the scalar fallback
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256)
     scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat_interleave(64)
     got = ext._fp8_codec_test(codes.to(DEV), scales.to(DEV), mode).cpu()
