@@ -159,7 +159,7 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
 // When none of the lane's 16 codes is a NaN code and its scale bytes lie in 10..246 (every
 // byte the KV writers produce below 247), both chunks take the two-multiply bf16x2 route as
 // straight-line code; otherwise decode8 redoes them by its per-chunk routes. Measured on the
-// H200 (scripts/device/gather_timeline.sh, 2026-11-30 21:4x UTC): 1.1% faster than choosing
+// H200 (scripts/device/gather_timeline.sh, 2026-11-30 21:19 UTC): 1.1% faster than choosing
 // among decode8's routes for each chunk (a branch region per chunk that the compiler could
 // not interleave), with the benchmark's scale bytes 110..135.
 __device__ __forceinline__ void decode_entry(const EntryLoads& e, int lane, uint4& lo, uint4& hi) {

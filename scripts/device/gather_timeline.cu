@@ -273,7 +273,7 @@ __device__ __forceinline__ void store_entry_route(uint16_t* out_row, const Entry
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
 }
 
-// The decode of gather_k.cu before 2026-11-30 21:50 UTC: a route chosen for each 8-code chunk
+// The decode of gather_k.cu before commit 5effdc6: a route chosen for each 8-code chunk
 // (decode8), one branch region per chunk.
 __device__ __forceinline__ void store_entry_chunks(uint16_t* out_row, const EntryLoads& e, int lane,
                                                    uint64_t pol) {
@@ -284,9 +284,35 @@ __device__ __forceinline__ void store_entry_chunks(uint16_t* out_row, const Entr
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
 }
 
+// The shipped decode_entry's route, but the fast results are stored before the route test,
+// and lanes whose test fails store their chunks again, decoded by decode8 (their stores need
+// not wait for the test).
+__device__ __forceinline__ void store_entry_fix(uint16_t* out_row, const EntryLoads& e, int lane,
+                                                uint64_t pol) {
+  const int g = lane >> 3;
+  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
+  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const bool rope = lane >= 24;
+  const uint2 b = make_uint2(e.b.x, e.b.y);
+  uint4 lo = e4m3x8_to_bf16x8_bf16mul2(e.a, s_lo);
+  uint4 hi = e4m3x8_to_bf16x8_bf16mul2(b, s_hi);
+  if (rope) hi = e.b;
+  st_v4_pol(out_row + 8 * lane, lo, pol);
+  st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
+  uint32_t nan = e4m3_nan_fold(e4m3_nan_fold(0u, e.a.x), e.a.y);
+  nan = e4m3_nan_fold(e4m3_nan_fold(nan, rope ? 0u : b.x), rope ? 0u : b.y);
+  const bool fast = !e4m3_nan_any(nan) & e4m3_bf16mul2_scale_ok(s_lo) &
+                    (rope | e4m3_bf16mul2_scale_ok(s_hi));
+  if (!fast) {
+    st_v4_pol(out_row + 8 * lane, decode8(e.a, s_lo), pol);
+    if (!rope) st_v4_pol(out_row + 256 + 8 * lane, decode8(b, s_hi), pol);
+  }
+}
+
 // kRoute: 0 the shipped decode (store_entry: decode_entry), 1 store_entry_vote, 3 one route
 // test per lane for the whole tile (two-multiply route), then the tile's eight stores,
-// 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks.
+// 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks,
+// 6 store_entry_fix, 2 store_entry_route<true> (the shipped route, written apart).
 template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, int kRoute = 0,
           int kMinBlocks = 0>
 __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p) {
@@ -431,6 +457,8 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
       uint16_t* row = out_req + (p.offset + first + j) * p.out_stride1;
       if constexpr (kDecode && kRoute == 1) {
         store_entry_vote(row, e[j], lane, pol);
+      } else if constexpr (kDecode && kRoute == 6) {
+        store_entry_fix(row, e[j], lane, pol);
       } else if constexpr (kDecode && kRoute == 2) {
         store_entry_route<true>(row, e[j], lane, pol);
       } else if constexpr (kDecode && kRoute == 5) {
@@ -806,8 +834,8 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, false, false, true>, "tile: scale words loaded first");
     clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
     clone(tile_var<true, false, false, false, false, 1>, "tile: one warp vote per entry for the decode route");
-    clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before 2026-11-30 21:50 UTC)");
-    clone(tile_var<true, false, false, false, false, 2>, "tile: route per lane and entry, two-multiply bf16 (harness copy)");
+    clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before commit 5effdc6)");
+    clone(tile_var<true, false, false, false, false, 6>, "tile: fast chunks stored before the route test, fixed after");
     clone(tile_var<true, false, false, false, false, 4>, "tile: route per lane and entry, one-multiply bf16");
     clone(tile_var<true, false, false, false, false, 3>, "tile: route per lane and tile, two-multiply bf16");
     clone(tile_var<true, false, false, false, false, 0>, "tile, one per block (the shipped tile, again)");
