@@ -308,13 +308,6 @@ __device__ __forceinline__ void gather_tile(const GatherKParams& p, int r, int64
   }
 }
 
-// kWalk false: one tile per block, no loop (the grid covers every tile: below the grid cap,
-// every benchmark shape). kWalk true: the blocks walk the tiles with stride gridDim.x. The
-// loop is not peeled: with the tile reading its own header (gather_tile) both kernels fit 64
-// registers on sm_80 and sm_90 (32 resident blocks per SM) without spills; a peeled first
-// tile took 71, or spilled under a 64-register cap. The loop-free kernel is 0.7-0.9% faster
-// than the walking one at 49,152 entries (H200, scripts/device/gather_timeline.sh,
-// 2026-11-30 21:27 UTC).
 // Resident one-warp blocks per SM the kernels are compiled for: the block limit of SM80
 // and SM90, 32, which holds them at 64 registers (ptxas gave the loop-free kernel 68 on
 // sm_80, 28 resident blocks). SM86 holds 16 blocks per SM and needs no limit.
@@ -324,6 +317,13 @@ constexpr int kWarpMinBlocks = 32;
 constexpr int kWarpMinBlocks = 0;
 #endif
 
+// kWalk false: one tile per block, no loop (the grid covers every tile: below the grid cap,
+// every benchmark shape). kWalk true: the blocks walk the tiles with stride gridDim.x. The
+// loop is not peeled: with the tile reading its own header (gather_tile) both kernels fit 64
+// registers on sm_80 and sm_90 (32 resident blocks per SM) without spills; a peeled first
+// tile took 71 (28 resident blocks, 1% slower), or spilled under a 64-register cap. At
+// 49,152 entries the walking kernel trailed a loop-free tile by 0.7-0.9% (H200,
+// scripts/device/gather_timeline.sh, 2026-11-30 21:27 UTC), hence the loop-free one.
 template <bool kEvictFirst, bool kWalk>
 __global__ void __launch_bounds__(32, kWarpMinBlocks)
 gather_k_warp_kernel(const GatherKParams p) {

@@ -12,6 +12,9 @@
 //   e4m3x4_to_bf16x4_scaled(...)  fast decode of four codes straight to bf16 with a UE8M0
 //                                 block scale folded in (see its comment for the exact range).
 //   e4m3x4_to_bf16x4_bf16mul(...) the same with one bf16x2 multiply, for scale bytes 10..134.
+//   e4m3x8_to_bf16x8_bf16mul2(codes, s) eight codes with two bf16x2 multiplies per pair,
+//                                 for scale bytes 10..246 (the gather's first choice);
+//                                 e4m3_nan_fold / e4m3_nan_any test words for NaN codes.
 //   e4m3x8_with(codes, route)     eight codes (one 64-bit chunk) through a four-code route
 //                                 -> one uint4 of bf16; e4m3x8_to_bf16x8_bf16mul(codes, s).
 //
