@@ -313,8 +313,9 @@ __device__ __forceinline__ void store_entry_fix(uint16_t* out_row, const EntryLo
 // test per lane for the whole tile (two-multiply route), then the tile's eight stores,
 // 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks,
 // 6 store_entry_fix, 2 store_entry_route<true> (the shipped route, written apart).
+// kPtrShfl: lanes 0-3 hand out the record addresses instead of the packed entries.
 template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, int kRoute = 0,
-          int kMinBlocks = 0>
+          int kMinBlocks = 0, bool kPtrShfl = false>
 __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
@@ -345,12 +346,41 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
   }
   int64_t ep[kWarpEntries];
   bool fast = kContig;
+  EntryLoads e[kWarpEntries];
+  if constexpr (kPtrShfl) {
+    // lanes 0-3 turn their entry into its data and scale-word addresses; the warp receives
+    // the addresses (two 64-bit shuffles per entry) instead of the packed entry, so that no
+    // lane repeats the 64-bit page arithmetic of all four entries
+    uint64_t dptr = 0, sptr = 0;
+    if (packed >= 0) {
+      const uint8_t* blk = block_base(p.cache, packed >> 16, p.block_stride);
+      const int in_blk = static_cast<int>(packed & 0xFFFF);
+      dptr = reinterpret_cast<uint64_t>(blk + data_offset(in_blk));
+      sptr = reinterpret_cast<uint64_t>(blk + scale_offset(p.block_size, in_blk));
+    }
+    uint64_t d[kWarpEntries], sc[kWarpEntries];
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      d[j] = __shfl_sync(0xFFFFFFFFu, dptr, j);
+      sc[j] = __shfl_sync(0xFFFFFFFFu, sptr, j);
+      ep[j] = d[j] != 0 ? 0 : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kWarpEntries; ++j) {
+      if (d[j] != 0) {
+        e[j] = load_entry<true>(reinterpret_cast<const uint8_t*>(d[j]),
+                                reinterpret_cast<const uint8_t*>(sc[j]), lane, pol);
+      }
+    }
+  } else {
 #pragma unroll
   for (int j = 0; j < kWarpEntries; ++j) {
     ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
     fast = fast && ep[0] >= 0 && ep[j] == ep[0] + j;
   }
-  EntryLoads e[kWarpEntries];
+  }
+  if constexpr (kPtrShfl) {
+  } else
   if (kContig && fast) {
     __shared__ __align__(16) uint8_t s_data[kWarpEntries * kDataBytes];
     __shared__ __align__(16) uint2 s_scale[kWarpEntries];
@@ -835,6 +865,7 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
     clone(tile_var<true, false, false, false, false, 1>, "tile: one warp vote per entry for the decode route");
     clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before commit 5effdc6)");
+    clone(tile_var<true, false, false, false, false, 0, 0, true>, "tile: record addresses shuffled from lanes 0-3");
     clone(tile_var<true, false, false, false, false, 6>, "tile: fast chunks stored before the route test, fixed after");
     clone(tile_var<true, false, false, false, false, 4>, "tile: route per lane and entry, one-multiply bf16");
     clone(tile_var<true, false, false, false, false, 3>, "tile: route per lane and tile, two-multiply bf16");
