@@ -193,25 +193,26 @@ __device__ __forceinline__ void store_entry(uint16_t* out_row, const EntryLoads&
   store16<kStreaming, kEvictFirst>(out_row + 256 + 8 * lane, hi, pol);
 }
 
-// Entry i of a request -> (physical block << 16) | position in block, or -1 when it must be
-// skipped: an entry that is not `active` (i >= gather_len, or a lane with no entry), an
-// out-of-range position, block-table column, block id or output row is never read or written.
-// pos = start + i < seq_len <= INT32_MAX for an active entry, so a non-negative pos divides by
-// block_size with the launch-time divisor p.block_div (common/fast_div.h: one multiply-high
-// and a shift; the 64-bit division it replaced cost the tile gather about 1%). The checks are
-// computed without branches and the block-table entry comes by a predicated load
-// (ld_nc_s32_if): in the tile kernel 0.3-0.5% faster than the same checks as nested branches
-// (scripts/device/gather_timeline.sh, H200, 2026-11-30 21:54 UTC).
+// Entry i of a request (0 <= i < gather_len) -> (physical block << 16) | position in block,
+// or -1 when it must be skipped: an out-of-range position, block-table column, block id or
+// output row is never read or written.
+// pos = start + i < seq_len <= INT32_MAX, so a non-negative pos divides by block_size with
+// the launch-time divisor p.block_div (common/fast_div.h: one multiply-high and a shift). The
+// 64-bit division it replaces (a long instruction sequence) cost the tile gather about 1%
+// (scripts/device/gather_timeline.sh, H200, 2026-11-30).
 __device__ __forceinline__ int64_t resolve_entry(const GatherKParams& p, const int32_t* bt_row,
-                                                 int start, int64_t i, bool active) {
+                                                 int start, int64_t i) {
+  int64_t packed = -1;
   const int64_t pos = start + i;
-  const bool in = active & (pos >= 0) & (p.offset + i < p.out_rows);
-  const int32_t pos32 = in ? static_cast<int32_t>(pos) : 0;
-  const int32_t blk = fast_div(pos32, p.block_div);
-  const bool ok = in & (blk < p.max_blocks);
-  const int32_t phys = ld_nc_s32_if(bt_row + static_cast<int64_t>(blk) * p.bt_stride1, ok, -1);
-  if (!(ok & (phys >= 0) & (static_cast<int64_t>(phys) < p.num_blocks))) return -1;
-  return (static_cast<int64_t>(phys) << 16) | (pos32 - blk * p.block_size);
+  if (pos >= 0 && p.offset + i < p.out_rows) {
+    const int32_t pos32 = static_cast<int32_t>(pos);
+    const int32_t blk = fast_div(pos32, p.block_div);
+    if (blk < p.max_blocks) {
+      const int64_t phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
+      if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos32 - blk * p.block_size);
+    }
+  }
+  return packed;
 }
 
 template <int kInFlight, bool kStreaming, bool kEvictFirst = false>
@@ -235,7 +236,8 @@ gather_k_kernel(const GatherKParams p) {
   for (int64_t base = warp; base < gather_len; base += 32 * nwarps) {
     // Lane k resolves entry i_k (resolve_entry).
     const int64_t i = base + lane * nwarps;
-    const int64_t packed = resolve_entry(p, bt_row, start, i, i < gather_len);
+    int64_t packed = -1;
+    if (i < gather_len) packed = resolve_entry(p, bt_row, start, i);
     const int64_t remaining = (gather_len - base + nwarps - 1) / nwarps;
     const int n = static_cast<int>(remaining < 32 ? remaining : 32);
     for (int k = 0; k < n; k += kInFlight) {
@@ -277,8 +279,8 @@ __device__ __forceinline__ void gather_tile(const GatherKParams& p, int r, int64
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(r) * p.bt_stride0;
   uint16_t* out_req = p.out + static_cast<int64_t>(r) * p.out_stride0;
   const int64_t i = first + lane;
-  const int64_t packed =
-      resolve_entry(p, bt_row, start, i, (lane < kWarpEntries) & (i < gather_len));
+  int64_t packed = -1;
+  if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
   int64_t ep[kWarpEntries];
   EntryLoads e[kWarpEntries];
 #pragma unroll

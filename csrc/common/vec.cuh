@@ -52,15 +52,6 @@ __device__ __forceinline__ void st_v4_pol(void* p, uint4 v, uint64_t pol) {
                :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
 }
 
-// A read-only 32-bit load issued only where `pred` holds: one predicated ld.global.nc, no
-// branch around it; `fallback` where it does not.
-__device__ __forceinline__ int32_t ld_nc_s32_if(const int32_t* p, bool pred, int32_t fallback) {
-  int32_t v = fallback;
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.nc.b32 %0, [%1];\n\t}"
-               : "+r"(v) : "l"(p), "r"(static_cast<int>(pred)));
-  return v;
-}
-
 template <bool kL2Hint = false>
 __device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
   uint2 v;

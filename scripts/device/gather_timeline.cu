@@ -314,11 +314,8 @@ __device__ __forceinline__ void store_entry_fix(uint16_t* out_row, const EntryLo
 // 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks,
 // 6 store_entry_fix, 2 store_entry_route<true> (the shipped route, written apart).
 // kPtrShfl: lanes 0-3 hand out the record addresses instead of the packed entries.
-// kFlatResolve 1: resolve_entry as nested branches with a plain block-table load (shipped
-// until the branch-free form); 2: the branch-free form, and without gather_lens the
-// block-table entry loaded next to seq_lens (it depends on the entry index alone then).
 template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, int kRoute = 0,
-          int kMinBlocks = 0, bool kPtrShfl = false, int kFlatResolve = 0>
+          int kMinBlocks = 0, bool kPtrShfl = false>
 __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
@@ -330,34 +327,7 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpEntries;
   const int64_t i = first + lane;
   int64_t packed = -1;
-  if (kFlatResolve == 2 && p.gather_lens == nullptr) {
-    // without gather_lens, start = 0: an entry's page follows from its index alone, so its
-    // block-table entry loads next to seq_lens (a predicated load, no branch), and seq_lens
-    // only decides which entries are kept
-    const int seq_len = p.seq_lens[r];
-    const bool in = (lane < kWarpEntries) & (i <= INT32_MAX) & (p.offset + i < p.out_rows);
-    const int32_t pos32 = in ? static_cast<int32_t>(i) : 0;
-    const int32_t blk = fast_div(pos32, p.block_div);
-    const bool ok = in & (blk < p.max_blocks);
-    const int32_t phys = ld_nc_s32_if(bt_row + static_cast<int64_t>(blk) * p.bt_stride1, ok, -1);
-    if (ok & (i < seq_len) & (phys >= 0) & (static_cast<int64_t>(phys) < p.num_blocks)) {
-      packed = (static_cast<int64_t>(phys) << 16) | (pos32 - blk * p.block_size);
-    }
-  } else if constexpr (kFlatResolve == 1) {
-    // resolve_entry as shipped before the branch-free form: nested branches, plain load
-    const int seq_len = p.seq_lens[r];
-    const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
-    const int start = seq_len - gather_len;
-    const int64_t pos = start + i;
-    if (lane < kWarpEntries && i < gather_len && pos >= 0 && p.offset + i < p.out_rows) {
-      const int32_t pos32 = static_cast<int32_t>(pos);
-      const int32_t blk = fast_div(pos32, p.block_div);
-      if (blk < p.max_blocks) {
-        const int64_t phys = bt_row[static_cast<int64_t>(blk) * p.bt_stride1];
-        if (phys >= 0 && phys < p.num_blocks) packed = (phys << 16) | (pos32 - blk * p.block_size);
-      }
-    }
-  } else if constexpr (kSimpleLookup) {
+  if constexpr (kSimpleLookup) {
     const int n = p.seq_lens[r];
     if (lane < kWarpEntries && i < n) packed = (static_cast<int64_t>(bt_row[i / 64]) << 16) | (i % 64);
   } else if (kSpec && p.gather_lens == nullptr) {
@@ -372,7 +342,7 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
     const int seq_len = p.seq_lens[r];
     const int gather_len = p.gather_lens != nullptr ? p.gather_lens[r] : seq_len;
     const int start = seq_len - gather_len;
-    packed = resolve_entry(p, bt_row, start, i, (lane < kWarpEntries) & (i < gather_len));
+    if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
   }
   int64_t ep[kWarpEntries];
   bool fast = kContig;
@@ -896,8 +866,6 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, false, false, false, 1>, "tile: one warp vote per entry for the decode route");
     clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before commit 5effdc6)");
     clone(tile_var<true, false, false, false, false, 0, 0, true>, "tile: record addresses shuffled from lanes 0-3");
-    clone(tile_var<true, false, false, false, false, 0, 0, false, 1>, "tile: entry resolution by nested branches (the previous shipped form)");
-    clone(tile_var<true, false, false, false, false, 0, 0, false, 2>, "tile: entry resolution without branches, block table next to seq_lens");
     clone(tile_var<true, false, false, false, false, 6>, "tile: fast chunks stored before the route test, fixed after");
     clone(tile_var<true, false, false, false, false, 4>, "tile: route per lane and entry, one-multiply bf16");
     clone(tile_var<true, false, false, false, false, 3>, "tile: route per lane and tile, two-multiply bf16");
