@@ -292,31 +292,25 @@ __device__ __forceinline__ void store_entry_fix(uint16_t* out_row, const EntryLo
   const int g = lane >> 3;
   const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
   const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
-  const bool rope = lane >= 24;
-  const uint2 b = make_uint2(e.b.x, e.b.y);
-  uint4 lo = e4m3x8_to_bf16x8_bf16mul2(e.a, s_lo);
-  uint4 hi = e4m3x8_to_bf16x8_bf16mul2(b, s_hi);
-  if (rope) hi = e.b;
+  uint4 lo, hi;
+  decode_entry_fast<true>(e, lane, s_lo, s_hi, lo, hi);
   st_v4_pol(out_row + 8 * lane, lo, pol);
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
-  uint32_t nan = e4m3_nan_fold(e4m3_nan_fold(0u, e.a.x), e.a.y);
-  nan = e4m3_nan_fold(e4m3_nan_fold(nan, rope ? 0u : b.x), rope ? 0u : b.y);
-  const bool fast = !e4m3_nan_any(nan) & e4m3_bf16mul2_scale_ok(s_lo) &
-                    (rope | e4m3_bf16mul2_scale_ok(s_hi));
-  if (!fast) {
-    st_v4_pol(out_row + 8 * lane, decode8(e.a, s_lo), pol);
-    if (!rope) st_v4_pol(out_row + 256 + 8 * lane, decode8(b, s_hi), pol);
+  if (!entry_fast<true>(e, lane, s_lo, s_hi)) {
+    decode_entry_slow(e, lane, s_lo, s_hi, lo, hi);
+    st_v4_pol(out_row + 8 * lane, lo, pol);
+    if (lane < 24) st_v4_pol(out_row + 256 + 8 * lane, hi, pol);  // RoPE lanes stored theirs
   }
 }
 
 // kRoute: 0 the shipped decode (store_entry: decode_entry), 1 store_entry_vote, 3 one route
 // test per lane for the whole tile (two-multiply route), then the tile's eight stores,
 // 4 store_entry_route<false> (one-multiply route per entry), 5 store_entry_chunks,
-// 6 store_entry_fix, 2 store_entry_route<true> (the shipped route, written apart).
+// 6 store_entry_fix.
 // kPtrShfl: lanes 0-3 hand out the record addresses instead of the packed entries.
 template <bool kDecode, bool kSimpleLookup, bool kSpec, bool kContig, bool kScaleFirst, int kRoute = 0,
-          int kMinBlocks = 0, bool kPtrShfl = false>
-__global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p) {
+          bool kPtrShfl = false>
+__global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
   using namespace kv_record;
   copy_mark(0, 0u);
   const uint64_t pol = l2_policy_evict_first();
@@ -345,8 +339,8 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
     if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, bt_row, start, i);
   }
   int64_t ep[kWarpEntries];
-  bool fast = kContig;
-  EntryLoads e[kWarpEntries];
+  uint64_t d[kWarpEntries], sc[kWarpEntries];  // kPtrShfl: the records' data and scale addresses
+  bool fast = kContig && !kPtrShfl;
   if constexpr (kPtrShfl) {
     // lanes 0-3 turn their entry into its data and scale-word addresses; the warp receives
     // the addresses (two 64-bit shuffles per entry) instead of the packed entry, so that no
@@ -358,29 +352,20 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
       dptr = reinterpret_cast<uint64_t>(blk + data_offset(in_blk));
       sptr = reinterpret_cast<uint64_t>(blk + scale_offset(p.block_size, in_blk));
     }
-    uint64_t d[kWarpEntries], sc[kWarpEntries];
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
       d[j] = __shfl_sync(0xFFFFFFFFu, dptr, j);
       sc[j] = __shfl_sync(0xFFFFFFFFu, sptr, j);
       ep[j] = d[j] != 0 ? 0 : -1;
     }
-#pragma unroll
-    for (int j = 0; j < kWarpEntries; ++j) {
-      if (d[j] != 0) {
-        e[j] = load_entry<true>(reinterpret_cast<const uint8_t*>(d[j]),
-                                reinterpret_cast<const uint8_t*>(sc[j]), lane, pol);
-      }
-    }
   } else {
 #pragma unroll
-  for (int j = 0; j < kWarpEntries; ++j) {
-    ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
-    fast = fast && ep[0] >= 0 && ep[j] == ep[0] + j;
+    for (int j = 0; j < kWarpEntries; ++j) {
+      ep[j] = __shfl_sync(0xFFFFFFFFu, packed, j);
+      fast = fast && ep[0] >= 0 && ep[j] == ep[0] + j;
+    }
   }
-  }
-  if constexpr (kPtrShfl) {
-  } else
+  EntryLoads e[kWarpEntries];
   if (kContig && fast) {
     __shared__ __align__(16) uint8_t s_data[kWarpEntries * kDataBytes];
     __shared__ __align__(16) uint2 s_scale[kWarpEntries];
@@ -441,6 +426,9 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
           } else {
             e[j].b = ld_record_v4<true>(entry + kRopeOffset + 16 * (lane - 24), pol);
           }
+        } else if constexpr (kPtrShfl) {
+          e[j] = load_entry<true>(reinterpret_cast<const uint8_t*>(d[j]),
+                                  reinterpret_cast<const uint8_t*>(sc[j]), lane, pol);
         } else {
           e[j] = load_packed<true>(p, ep[j], lane, pol);
         }
@@ -489,8 +477,6 @@ __global__ void __launch_bounds__(32, kMinBlocks) tile_var(const GatherKParams p
         store_entry_vote(row, e[j], lane, pol);
       } else if constexpr (kDecode && kRoute == 6) {
         store_entry_fix(row, e[j], lane, pol);
-      } else if constexpr (kDecode && kRoute == 2) {
-        store_entry_route<true>(row, e[j], lane, pol);
       } else if constexpr (kDecode && kRoute == 5) {
         store_entry_chunks(row, e[j], lane, pol);
       } else if constexpr (kDecode && kRoute == 4) {
@@ -865,7 +851,7 @@ int main(int argc, char** argv) {
     clone(tile_var<true, false, true, true, false>, "tile: block table next to seq_lens, contiguous loads");
     clone(tile_var<true, false, false, false, false, 1>, "tile: one warp vote per entry for the decode route");
     clone(tile_var<true, false, false, false, false, 5>, "tile: a decode route per chunk (shipped before commit 5effdc6)");
-    clone(tile_var<true, false, false, false, false, 0, 0, true>, "tile: record addresses shuffled from lanes 0-3");
+    clone(tile_var<true, false, false, false, false, 0, true>, "tile: record addresses shuffled from lanes 0-3");
     clone(tile_var<true, false, false, false, false, 6>, "tile: fast chunks stored before the route test, fixed after");
     clone(tile_var<true, false, false, false, false, 4>, "tile: route per lane and entry, one-multiply bf16");
     clone(tile_var<true, false, false, false, false, 3>, "tile: route per lane and tile, two-multiply bf16");
