@@ -634,6 +634,94 @@ void report(const char* what, const std::vector<unsigned long long>& tl, int64_t
   }
 }
 
+
+// SM-persistent forms (diagnostic, 2026-11-30 22:42 UTC session): kSmWarps-warp blocks, two per
+// SM (grid 2 x SMs), whose warps pull tiles one at a time through a shared-memory counter.
+// kContig: each block's tiles are one contiguous range (the tiles in flight on an SM then come
+// from a few cache pages and one output region); else tile k * gridDim.x + blockIdx.x
+// (interleaved across blocks, like the one-tile-per-block grid's concurrent tiles).
+constexpr int kSmWarps = 16;
+template <bool kContig>
+__device__ __forceinline__ int64_t sm_tile(int k, int64_t share) {
+  return kContig ? static_cast<int64_t>(blockIdx.x) * share + k
+                 : static_cast<int64_t>(k) * gridDim.x + blockIdx.x;
+}
+
+// the paged copy with the chain (paged_kernel<true, true, true>'s body), SM-persistent
+template <bool kContig>
+__global__ void __launch_bounds__(kSmWarps * 32) paged_sm_kernel(const uint8_t* cache, const int32_t* table,
+                                                               const int32_t* lens, uint4* dst,
+                                                               int64_t entries) {
+  __shared__ int s_next;
+  __shared__ uint4 s_buf[kSmWarps][160];
+  if (threadIdx.x == 0) s_next = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  uint4* sm = s_buf[threadIdx.x >> 5];
+  const int64_t tiles = (entries + 3) / 4;
+  const int64_t share = (tiles + gridDim.x - 1) / gridDim.x;
+  const uint64_t pol = l2_policy_evict_first();
+  for (;;) {
+    int k = 0;
+    if (lane == 0) k = atomicAdd(&s_next, 1);
+    k = __shfl_sync(0xFFFFFFFFu, k, 0);
+    if (k >= share) break;
+    const int64_t t = sm_tile<kContig>(k, share);
+    if (t >= tiles) break;
+    const int n = lens[0];
+    if (4 * t >= n) continue;
+    const int64_t page = table[t / 16];
+    const uint8_t* base = cache + page * kPageStride;
+    const uint4* data = reinterpret_cast<const uint4*>(base + (t % 16) * 4 * 576);
+    uint4 v[5];
+#pragma unroll
+    for (int q = 0; q < 5; ++q) {
+      const int i = q * 32 + lane;
+      v[q] = i < 144 ? ld_nc_v4_pol(data + i, pol) : make_uint4(0, 0, 0, 0);
+    }
+    uint32_t sc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint2 w = ld_nc_v2(base + kBlockSize * 576 + ((t % 16) * 4 + j) * 8);
+      sc ^= w.x ^ w.y;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 5; ++q) sm[q * 32 + lane] = v[q];
+    __syncwarp();
+#pragma unroll
+    for (int row = 0; row < 4; ++row) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = h * 32 + lane;
+        uint4 w = c < 36 ? sm[row * 36 + c] : make_uint4(sc, 0, 0, 0);
+        st_v4_pol(dst + (4 * t + row) * 64 + c, w, pol);
+      }
+    }
+  }
+}
+
+// the shipped tile (gather_tile of csrc/cache/gather_k.cu), SM-persistent, one request
+template <bool kContig>
+__global__ void __launch_bounds__(kSmWarps * 32, 2) gather_sm_kernel(const GatherKParams p) {
+  __shared__ int s_next;
+  if (threadIdx.x == 0) s_next = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles = (p.out_rows - p.offset + 3) / 4;
+  const int64_t share = (tiles + gridDim.x - 1) / gridDim.x;
+  const uint64_t pol = l2_policy_evict_first();
+  for (;;) {
+    int k = 0;
+    if (lane == 0) k = atomicAdd(&s_next, 1);
+    k = __shfl_sync(0xFFFFFFFFu, k, 0);
+    if (k >= share) break;
+    const int64_t t = sm_tile<kContig>(k, share);
+    if (t >= tiles) break;
+    gather_tile<true>(p, 0, t * 4, lane, pol);
+  }
+}
+
 }  // namespace gtl
 
 int main(int argc, char** argv) {
@@ -840,6 +928,43 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
+    // SM-persistent forms: two blocks of kSmWarps warps per SM
+    auto sm_paged = [&](auto kern, const char* what) {
+      if (!wanted(what)) return;
+      std::vector<Call> calls;
+      for (int s = 0; s < sets; ++s) {
+        calls.push_back([&, s, kern](cudaStream_t t) {
+          kern<<<2 * sms, kSmWarps * 32, 0, t>>>(gs[s].cache, gs[s].table, gs[s].lens,
+                                                 reinterpret_cast<uint4*>(gs[s].out), entries);
+        });
+      }
+      auto r = timeline_of(calls, false, gblocks);
+      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    auto sm_gather = [&](auto kern, const char* what) {
+      if (!wanted(what)) return;
+      CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
+      kern<<<2 * sms, kSmWarps * 32, 0, st>>>(gparams(gs[0]));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      for (size_t k = 0; k < out_bytes; ++k) diff += got[k] != ref[k];
+      std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
+                  diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
+      std::vector<Call> calls;
+      for (int s = 0; s < sets; ++s) {
+        calls.push_back([&, s, kern](cudaStream_t t) {
+          kern<<<2 * sms, kSmWarps * 32, 0, t>>>(gparams(gs[s]));
+        });
+      }
+      auto r = timeline_of(calls, false, gblocks);
+      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    sm_paged(paged_sm_kernel<true>, "sm-persistent paged copy (chain, no decode), contiguous ranges");
+    sm_paged(paged_sm_kernel<false>, "sm-persistent paged copy (chain, no decode), interleaved tiles");
+    sm_gather(gather_sm_kernel<true>, "sm-persistent gather tile, contiguous ranges");
+    sm_gather(gather_sm_kernel<false>, "sm-persistent gather tile, interleaved tiles");
     // <kDecode, kSimpleLookup, kSpec, kContig, kScaleFirst>
     clone(tile_var<true, false, false, false, false>, "tile, one per block (the shipped tile)");
     clone(tile_var<false, false, false, false, false>, "tile without the decode (raw bytes stored)");
