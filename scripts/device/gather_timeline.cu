@@ -722,6 +722,19 @@ __global__ void __launch_bounds__(kSmWarps * 32, 2) gather_sm_kernel(const Gathe
   }
 }
 
+
+// The shipped tile with the block -> tile order permuted (diagnostic): block b takes tile
+// (b mod kWays) * (tiles / kWays) + b / kWays, so that the blocks in flight at one time (about
+// 4,224 consecutive block indices) draw from kWays regions of the request instead of one window
+// of consecutive tiles. Needs tiles % kWays == 0 (one request).
+template <int kWays>
+__global__ void __launch_bounds__(32, 32) gather_perm_kernel(const GatherKParams p) {
+  const int64_t tiles = (p.out_rows - p.offset + 3) / 4;
+  const int64_t b = blockIdx.x;
+  const int64_t t = (b % kWays) * (tiles / kWays) + b / kWays;
+  gather_tile<true>(p, 0, t * 4, threadIdx.x, l2_policy_evict_first());
+}
+
 }  // namespace gtl
 
 int main(int argc, char** argv) {
@@ -961,6 +974,10 @@ int main(int argc, char** argv) {
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
     };
+    if (entries % 64 == 0) {
+      clone(gather_perm_kernel<4>, "tile order: blocks spread over 4 regions");
+      clone(gather_perm_kernel<16>, "tile order: blocks spread over 16 regions");
+    }
     sm_paged(paged_sm_kernel<true>, "sm-persistent paged copy (chain, no decode), contiguous ranges");
     sm_paged(paged_sm_kernel<false>, "sm-persistent paged copy (chain, no decode), interleaved tiles");
     sm_gather(gather_sm_kernel<true>, "sm-persistent gather tile, contiguous ranges");
