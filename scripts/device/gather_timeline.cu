@@ -735,6 +735,78 @@ __global__ void __launch_bounds__(32, 32) gather_perm_kernel(const GatherKParams
   gather_tile<true>(p, 0, t * 4, threadIdx.x, l2_policy_evict_first());
 }
 
+
+// The tile with its records in shared memory (diagnostic, 2026-11-30 22:42 UTC session): blocks
+// of kAsyncWarps warps, one tile per warp; the warp copies its four records (4 x 36 16-byte
+// chunks) and scale words into shared memory by cp.async, waits, then decodes each entry from
+// shared memory with the shipped decode and stores. No record data lives in registers while
+// in flight, so the kernel needs fewer registers and more warps fit on an SM (kMinBlocks).
+// kPol: the copies carry the evict_first policy (else only the L2::256B prefetch size).
+template <bool kPol>
+__device__ __forceinline__ void cp_async16_rec(uint32_t dst, const void* src, uint64_t pol) {
+  if constexpr (kPol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "l"(pol) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+  }
+}
+template <bool kPol, int kAsyncWarps, int kMinBlocks>
+__global__ void __launch_bounds__(kAsyncWarps * 32, kMinBlocks) tile_async_kernel(const GatherKParams p) {
+  using namespace kv_record;
+  __shared__ __align__(16) uint8_t s_rec[kAsyncWarps][kWarpEntries * kDataBytes];
+  __shared__ __align__(16) uint2 s_sc[kAsyncWarps][kWarpEntries];
+  const int lane = threadIdx.x & 31;
+  const int w = threadIdx.x >> 5;
+  const uint64_t pol = l2_policy_evict_first();
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kAsyncWarps + w) * kWarpEntries;
+  const int seq_len = p.seq_lens[0];
+  const int gather_len = p.gather_lens != nullptr ? p.gather_lens[0] : seq_len;
+  const int start = seq_len - gather_len;
+  const int64_t i = first + lane;
+  int64_t packed = -1;
+  if (lane < kWarpEntries && i < gather_len) packed = resolve_entry(p, p.block_table, start, i);
+  const uint8_t* dptr = nullptr;
+  if (packed >= 0) dptr = block_base(p.cache, packed >> 16, p.block_stride) + data_offset(static_cast<int>(packed & 0xFFFF));
+  if (lane < kWarpEntries && packed >= 0) {
+    const uint8_t* sp = block_base(p.cache, packed >> 16, p.block_stride) +
+                        scale_offset(p.block_size, static_cast<int>(packed & 0xFFFF));
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&s_sc[w][lane]));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(sp) : "memory");
+  }
+  const uint32_t rec0 = static_cast<uint32_t>(__cvta_generic_to_shared(&s_rec[w][0]));
+  bool has[kWarpEntries];
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    const uint8_t* d = reinterpret_cast<const uint8_t*>(__shfl_sync(0xFFFFFFFFu, reinterpret_cast<uint64_t>(dptr), j));
+    has[j] = d != nullptr;
+    // 36 chunks of 16 bytes per record: lanes 0-31 chunks 0-31, lanes 0-3 chunks 32-35
+    if (has[j]) {
+      cp_async16_rec<kPol>(rec0 + j * kDataBytes + 16 * lane, d + 16 * lane, pol);
+      if (lane < 4) cp_async16_rec<kPol>(rec0 + j * kDataBytes + 512 + 16 * lane, d + 512 + 16 * lane, pol);
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncwarp();
+  uint16_t* out_req = p.out;
+#pragma unroll
+  for (int j = 0; j < kWarpEntries; ++j) {
+    if (!has[j]) continue;
+    const uint8_t* rec = s_rec[w] + j * kDataBytes;
+    EntryLoads e;
+    e.a = *reinterpret_cast<const uint2*>(rec + 8 * lane);
+    if (lane < 24) {
+      const uint2 t = *reinterpret_cast<const uint2*>(rec + 256 + 8 * lane);
+      e.b = make_uint4(t.x, t.y, 0u, 0u);
+    } else {
+      e.b = *reinterpret_cast<const uint4*>(rec + kRopeOffset + 16 * (lane - 24));
+    }
+    e.scales = s_sc[w][j];
+    store_entry<false, true>(out_req + (p.offset + first + j) * p.out_stride1, e, lane, pol);
+  }
+}
+
 }  // namespace gtl
 
 int main(int argc, char** argv) {
@@ -978,6 +1050,64 @@ int main(int argc, char** argv) {
       clone(gather_perm_kernel<4>, "tile order: blocks spread over 4 regions");
       clone(gather_perm_kernel<16>, "tile order: blocks spread over 16 regions");
     }
+    // the shipped tile kernel (one tile per block) with fewer resident blocks per SM: unused
+    // dynamic shared memory per block (TL_PAD_BLOCKS="28 24 ...": target blocks per SM)
+    if (const char* pads = std::getenv("TL_PAD_BLOCKS")) {
+      int smem_sm = 0;
+      CK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+      std::string list(pads);
+      size_t at = 0;
+      while (at < list.size()) {
+        const size_t sp = std::min(list.find(' ', at), list.size());
+        const int want = std::atoi(list.substr(at, sp - at).c_str());
+        at = sp + 1;
+        if (want <= 0) continue;
+        // reserved 1 KB per block; the largest pad that still fits `want` blocks
+        const int pad = smem_sm / want - 1024;
+        auto kern = gather_k_warp_kernel<true, false>;
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, pad));
+        int resident = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32, pad));
+        char what[160];
+        std::snprintf(what, sizeof what, "shipped tile kernel, %d resident blocks per SM (%d B unused shared memory per block)",
+                      resident, pad);
+        std::vector<Call> calls;
+        for (int s = 0; s < sets; ++s) {
+          calls.push_back([&, s, kern, pad](cudaStream_t t) {
+            GatherKParams q = gparams(gs[s]);
+            kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, pad, t>>>(q);
+          });
+        }
+        auto r = timeline_of(calls, false, gblocks);
+        report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+      }
+    }
+    // records through shared memory by cp.async, two warps per block
+    auto async_clone = [&](auto kern, int kAsyncWarps, const char* what) {
+      if (!wanted(what)) return;
+      const unsigned ablocks = static_cast<unsigned>((gblocks + kAsyncWarps - 1) / kAsyncWarps);
+      CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
+      kern<<<ablocks, kAsyncWarps * 32, 0, st>>>(gparams(gs[0]));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      for (size_t k = 0; k < out_bytes; ++k) diff += got[k] != ref[k];
+      std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
+                  diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
+      std::vector<Call> calls;
+      for (int s = 0; s < sets; ++s) {
+        calls.push_back([&, s, kern, ablocks](cudaStream_t t) {
+          kern<<<ablocks, kAsyncWarps * 32, 0, t>>>(gparams(gs[s]));
+        });
+      }
+      auto r = timeline_of(calls, false, gblocks);
+      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    async_clone(tile_async_kernel<true, 1, 32>, 1, "async tile: cp.async records, 1 warp per block (32 warps per SM), evict_first");
+    async_clone(tile_async_kernel<true, 2, 24>, 2, "async tile: cp.async records, 2 warps per block (48 warps per SM), evict_first");
+    async_clone(tile_async_kernel<true, 2, 32>, 2, "async tile: cp.async records, 2 warps per block (64 warps per SM, spills), evict_first");
+    async_clone(tile_async_kernel<false, 2, 24>, 2, "async tile: cp.async records, 2 warps per block (48 warps per SM), no policy");
     sm_paged(paged_sm_kernel<true>, "sm-persistent paged copy (chain, no decode), contiguous ranges");
     sm_paged(paged_sm_kernel<false>, "sm-persistent paged copy (chain, no decode), interleaved tiles");
     sm_gather(gather_sm_kernel<true>, "sm-persistent gather tile, contiguous ranges");
