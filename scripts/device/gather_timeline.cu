@@ -126,28 +126,11 @@ __global__ void __launch_bounds__(32) widen_kernel(const uint4* src, uint4* dst,
   }
 }
 
-// The gather's traffic without its decode, one warp per four-entry tile like the gather:
-// the tile's 2,304 data bytes (contiguous in its cache page) as 16-byte vectors through shared
-// memory into four 1 KB rows, and with kScale the four entries' 8-byte scale words (each lane
-// loads each word, as the gather does) from the page's scale region. Page of tile t: t / 16
-// (linear, no lookup) or, with kTable, block_table[t / 16]; with kChain the table load waits
-// for seq_lens[0] (the gather's dependent chain). Output: raw bytes, not decoded.
-template <bool kScale, bool kTable, bool kChain>
-__global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const int32_t* table,
-                                                  const int32_t* lens, uint4* dst, int64_t entries) {
-  copy_mark(0, 0u);
-  const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x;
-  const uint64_t pol = l2_policy_evict_first();
-  int64_t page = t / 16;
-  if constexpr (kChain) {
-    const int n = lens[0];
-    if (4 * t >= n) return;
-    if constexpr (kTable) page = table[page];
-  } else if constexpr (kTable) {
-    page = table[page];
-  }
-  const uint8_t* base = cache + page * kPageStride;
+// One tile of the paged copy from its cache page at `base`: loads, scale words (kScale), the
+// timeline mark, then through the warp's shared-memory buffer `sm` (160 vectors) into the rows.
+template <bool kScale>
+__device__ __forceinline__ void paged_tile_copy(const uint8_t* base, int64_t t, int lane, uint64_t pol,
+                                                uint4* dst, uint4* sm) {
   const uint4* data = reinterpret_cast<const uint4*>(base + (t % 16) * 4 * 576);
   uint4 v[5];
 #pragma unroll
@@ -167,7 +150,7 @@ __global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const i
 #pragma unroll
   for (int k = 0; k < 5; ++k) dep ^= v[k].x;
   copy_mark(2, dep);
-  __shared__ uint4 sm[160];
+  __syncwarp();  // the buffer's previous tile (SM-persistent form) has been stored
 #pragma unroll
   for (int k = 0; k < 5; ++k) sm[k * 32 + lane] = v[k];
   __syncwarp();
@@ -180,6 +163,30 @@ __global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const i
       st_v4_pol(dst + (4 * t + row) * 64 + c, w, pol);
     }
   }
+}
+
+// The gather's traffic without its decode, one warp per four-entry tile like the gather:
+// the tile's 2,304 data bytes (contiguous in its cache page) as 16-byte vectors through shared
+// memory into four 1 KB rows, and with kScale the four entries' 8-byte scale words (each lane
+// loads each word, as the gather does) from the page's scale region. Page of tile t: t / 16
+// (linear, no lookup) or, with kTable, block_table[t / 16]; with kChain the table load waits
+// for seq_lens[0] (the gather's dependent chain). Output: raw bytes, not decoded.
+template <bool kScale, bool kTable, bool kChain>
+__global__ void __launch_bounds__(32) paged_kernel(const uint8_t* cache, const int32_t* table,
+                                                  const int32_t* lens, uint4* dst, int64_t entries) {
+  copy_mark(0, 0u);
+  const int64_t t = blockIdx.x;
+  const uint64_t pol = l2_policy_evict_first();
+  int64_t page = t / 16;
+  if constexpr (kChain) {
+    const int n = lens[0];
+    if (4 * t >= n) return;
+    if constexpr (kTable) page = table[page];
+  } else if constexpr (kTable) {
+    page = table[page];
+  }
+  __shared__ uint4 sm[160];
+  paged_tile_copy<kScale>(cache + page * kPageStride, t, threadIdx.x, pol, dst, sm);
 }
 
 // Variants of the shipped tile (gather_k_warp_kernel with the L2 policy), one tile per block,
@@ -641,10 +648,18 @@ void report(const char* what, const std::vector<unsigned long long>& tl, int64_t
 // from a few cache pages and one output region); else tile k * gridDim.x + blockIdx.x
 // (interleaved across blocks, like the one-tile-per-block grid's concurrent tiles).
 constexpr int kSmWarps = 16;
+// The warp's next tile, pulled through the block's counter (lane 0 increments it), or -1 when
+// the block's share of `tiles` is done.
 template <bool kContig>
-__device__ __forceinline__ int64_t sm_tile(int k, int64_t share) {
-  return kContig ? static_cast<int64_t>(blockIdx.x) * share + k
-                 : static_cast<int64_t>(k) * gridDim.x + blockIdx.x;
+__device__ __forceinline__ int64_t sm_next_tile(int* next, int lane, int64_t tiles) {
+  const int64_t share = (tiles + gridDim.x - 1) / gridDim.x;
+  int k = 0;
+  if (lane == 0) k = atomicAdd(next, 1);
+  k = __shfl_sync(0xFFFFFFFFu, k, 0);
+  if (k >= share) return -1;
+  const int64_t t = kContig ? static_cast<int64_t>(blockIdx.x) * share + k
+                            : static_cast<int64_t>(k) * gridDim.x + blockIdx.x;
+  return t < tiles ? t : -1;
 }
 
 // the paged copy with the chain (paged_kernel<true, true, true>'s body), SM-persistent
@@ -659,45 +674,11 @@ __global__ void __launch_bounds__(kSmWarps * 32) paged_sm_kernel(const uint8_t* 
   const int lane = threadIdx.x & 31;
   uint4* sm = s_buf[threadIdx.x >> 5];
   const int64_t tiles = (entries + 3) / 4;
-  const int64_t share = (tiles + gridDim.x - 1) / gridDim.x;
   const uint64_t pol = l2_policy_evict_first();
-  for (;;) {
-    int k = 0;
-    if (lane == 0) k = atomicAdd(&s_next, 1);
-    k = __shfl_sync(0xFFFFFFFFu, k, 0);
-    if (k >= share) break;
-    const int64_t t = sm_tile<kContig>(k, share);
-    if (t >= tiles) break;
+  for (int64_t t; (t = sm_next_tile<kContig>(&s_next, lane, tiles)) >= 0;) {
     const int n = lens[0];
     if (4 * t >= n) continue;
-    const int64_t page = table[t / 16];
-    const uint8_t* base = cache + page * kPageStride;
-    const uint4* data = reinterpret_cast<const uint4*>(base + (t % 16) * 4 * 576);
-    uint4 v[5];
-#pragma unroll
-    for (int q = 0; q < 5; ++q) {
-      const int i = q * 32 + lane;
-      v[q] = i < 144 ? ld_nc_v4_pol(data + i, pol) : make_uint4(0, 0, 0, 0);
-    }
-    uint32_t sc = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint2 w = ld_nc_v2(base + kBlockSize * 576 + ((t % 16) * 4 + j) * 8);
-      sc ^= w.x ^ w.y;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int q = 0; q < 5; ++q) sm[q * 32 + lane] = v[q];
-    __syncwarp();
-#pragma unroll
-    for (int row = 0; row < 4; ++row) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = h * 32 + lane;
-        uint4 w = c < 36 ? sm[row * 36 + c] : make_uint4(sc, 0, 0, 0);
-        st_v4_pol(dst + (4 * t + row) * 64 + c, w, pol);
-      }
-    }
+    paged_tile_copy<true>(cache + static_cast<int64_t>(table[t / 16]) * kPageStride, t, lane, pol, dst, sm);
   }
 }
 
@@ -709,15 +690,8 @@ __global__ void __launch_bounds__(kSmWarps * 32, 2) gather_sm_kernel(const Gathe
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int64_t tiles = (p.out_rows - p.offset + 3) / 4;
-  const int64_t share = (tiles + gridDim.x - 1) / gridDim.x;
   const uint64_t pol = l2_policy_evict_first();
-  for (;;) {
-    int k = 0;
-    if (lane == 0) k = atomicAdd(&s_next, 1);
-    k = __shfl_sync(0xFFFFFFFFu, k, 0);
-    if (k >= share) break;
-    const int64_t t = sm_tile<kContig>(k, share);
-    if (t >= tiles) break;
+  for (int64_t t; (t = sm_next_tile<kContig>(&s_next, lane, tiles)) >= 0;) {
     gather_tile<true>(p, 0, t * 4, lane, pol);
   }
 }
@@ -993,10 +967,11 @@ int main(int argc, char** argv) {
     gcalls[0](st);
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(ref.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
-    auto clone = [&](auto kern, const char* what) {
-      if (!wanted(what)) return;
+    // a decoding variant: launch(set, stream) runs it on one input set; its output on set 0 is
+    // compared with the shipped launcher's, then it is timed like the others
+    auto check_and_time = [&](const char* what, std::function<void(int, cudaStream_t)> launch) {
       CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
-      kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, 0, st>>>(gparams(gs[0]));
+      launch(0, st);
       CK(cudaStreamSynchronize(st));
       CK(cudaGetLastError());
       CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
@@ -1005,13 +980,15 @@ int main(int argc, char** argv) {
       std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
                   diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
       std::vector<Call> calls;
-      for (int s = 0; s < sets; ++s) {
-        calls.push_back([&, s, kern](cudaStream_t t) {
-          kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, 0, t>>>(gparams(gs[s]));
-        });
-      }
+      for (int s = 0; s < sets; ++s) calls.push_back([launch, s](cudaStream_t t) { launch(s, t); });
       auto r = timeline_of(calls, false, gblocks);
       report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+    };
+    auto clone = [&](auto kern, const char* what) {
+      if (!wanted(what)) return;
+      check_and_time(what, [&, kern](int s, cudaStream_t t) {
+        kern<<<dim3(static_cast<unsigned>(gblocks), 1), 32, 0, t>>>(gparams(gs[s]));
+      });
     };
     // SM-persistent forms: two blocks of kSmWarps warps per SM
     auto sm_paged = [&](auto kern, const char* what) {
@@ -1028,23 +1005,9 @@ int main(int argc, char** argv) {
     };
     auto sm_gather = [&](auto kern, const char* what) {
       if (!wanted(what)) return;
-      CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
-      kern<<<2 * sms, kSmWarps * 32, 0, st>>>(gparams(gs[0]));
-      CK(cudaStreamSynchronize(st));
-      CK(cudaGetLastError());
-      CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
-      size_t diff = 0;
-      for (size_t k = 0; k < out_bytes; ++k) diff += got[k] != ref[k];
-      std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
-                  diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
-      std::vector<Call> calls;
-      for (int s = 0; s < sets; ++s) {
-        calls.push_back([&, s, kern](cudaStream_t t) {
-          kern<<<2 * sms, kSmWarps * 32, 0, t>>>(gparams(gs[s]));
-        });
-      }
-      auto r = timeline_of(calls, false, gblocks);
-      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+      check_and_time(what, [&, kern](int s, cudaStream_t t) {
+        kern<<<2 * sms, kSmWarps * 32, 0, t>>>(gparams(gs[s]));
+      });
     };
     if (entries % 64 == 0) {
       clone(gather_perm_kernel<4>, "tile order: blocks spread over 4 regions");
@@ -1083,26 +1046,12 @@ int main(int argc, char** argv) {
       }
     }
     // records through shared memory by cp.async, two warps per block
-    auto async_clone = [&](auto kern, int kAsyncWarps, const char* what) {
+    auto async_clone = [&](auto kern, int warps, const char* what) {
       if (!wanted(what)) return;
-      const unsigned ablocks = static_cast<unsigned>((gblocks + kAsyncWarps - 1) / kAsyncWarps);
-      CK(cudaMemsetAsync(gs[0].out, 0xFF, out_bytes, st));
-      kern<<<ablocks, kAsyncWarps * 32, 0, st>>>(gparams(gs[0]));
-      CK(cudaStreamSynchronize(st));
-      CK(cudaGetLastError());
-      CK(cudaMemcpy(got.data(), gs[0].out, out_bytes, cudaMemcpyDeviceToHost));
-      size_t diff = 0;
-      for (size_t k = 0; k < out_bytes; ++k) diff += got[k] != ref[k];
-      std::printf("== output of \"%s\": %s (%zu of %zu bytes differ from the shipped gather)\n", what,
-                  diff == 0 ? "identical" : "DIFFERS", diff, out_bytes);
-      std::vector<Call> calls;
-      for (int s = 0; s < sets; ++s) {
-        calls.push_back([&, s, kern, ablocks](cudaStream_t t) {
-          kern<<<ablocks, kAsyncWarps * 32, 0, t>>>(gparams(gs[s]));
-        });
-      }
-      auto r = timeline_of(calls, false, gblocks);
-      report(what, r.second, gblocks, 4 * 1608.0, r.first, ceiling, sms);
+      const unsigned ablocks = static_cast<unsigned>((gblocks + warps - 1) / warps);
+      check_and_time(what, [&, kern, ablocks, warps](int s, cudaStream_t t) {
+        kern<<<ablocks, warps * 32, 0, t>>>(gparams(gs[s]));
+      });
     };
     async_clone(tile_async_kernel<true, 1, 32>, 1, "async tile: cp.async records, 1 warp per block (32 warps per SM), evict_first");
     async_clone(tile_async_kernel<true, 2, 24>, 2, "async tile: cp.async records, 2 warps per block (48 warps per SM), evict_first");
