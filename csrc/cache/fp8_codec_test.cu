@@ -31,9 +31,7 @@ __global__ void fp8_codec_test_kernel(int mode, const void* in, const uint8_t* s
       const uint32_t s = scales[i / 4];
       __nv_bfloat162 lo, hi;
       if (mode == 5 && e4m3_bf16mul2_scale_ok(s) && !e4m3_nan_any(e4m3_nan_fold(0u, four))) {
-        const __nv_bfloat162 mult = ue8m0_to_bf16x2(s);
-        lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four, 0x9180u), mult);
-        hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four, 0xB3A2u), mult);
+        e4m3x4_to_bf16x4_bf16mul2(four, ue8m0_to_bf16x2(s), lo, hi);
       } else if (mode == 4 && e4m3_bf16mul_scale_ok(s) && !e4m3x4_has_nan(four)) {
         e4m3x4_to_bf16x4_bf16mul(four, e4m3_bf16mul_multiplier(s), lo, hi);
       } else if (mode == 3 && e4m3_fast_scale_ok(s) && !e4m3x4_has_nan(four)) {

@@ -154,6 +154,16 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
   }
 }
 
+// The scale bytes of a lane's two chunks of an entry: group L/8 for codes [8L, 8L+8), group
+// 4+L/8 for codes [256+8L, ..) (lanes 24-31 hold RoPE values there and do not use it).
+struct LaneScales {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ LaneScales lane_scales(const EntryLoads& e, int lane) {
+  const int g = lane >> 3;
+  return {kv_record::group_scale_byte(e.scales, g), kv_record::group_scale_byte(e.scales, 4 + g)};
+}
+
 // A lane's share of one entry decoded: lo = NoPE codes [8L, 8L+8) with group L/8's scale
 // byte, hi = codes [256+8L, ..) with group 4+L/8's (L < 24) or the RoPE values (L >= 24).
 // When none of the lane's 16 codes is a NaN code and its scale bytes lie in 10..246 (every
@@ -163,9 +173,8 @@ __device__ __forceinline__ void store16(void* p, uint4 v, uint64_t pol) {
 // among decode8's routes for each chunk (a branch region per chunk that the compiler could
 // not interleave), with the benchmark's scale bytes 110..135.
 __device__ __forceinline__ void decode_entry(const EntryLoads& e, int lane, uint4& lo, uint4& hi) {
-  const int g = lane >> 3;
-  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
-  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const LaneScales sc = lane_scales(e, lane);
+  const uint32_t s_lo = sc.lo, s_hi = sc.hi;
   const bool rope = lane >= 24;  // hi holds RoPE values, not codes
   const uint2 b = make_uint2(e.b.x, e.b.y);
   // Every lane computes both chunks and the test without a branch (lanes 24-31 then take

@@ -227,6 +227,13 @@ __device__ __forceinline__ __nv_bfloat162 e4m3x2_sext_to_bf16x2_bf16mul2(uint32_
   return __hmul2(__hmul2(v, k2p120), mult);
 }
 
+// Four codes (one 32-bit word) through the two-multiply route; mult = ue8m0_to_bf16x2(s).
+__device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul2(uint32_t four_bytes, __nv_bfloat162 mult,
+                                                          __nv_bfloat162& lo, __nv_bfloat162& hi) {
+  lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four_bytes, 0x9180u), mult);
+  hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four_bytes, 0xB3A2u), mult);
+}
+
 // True if any of the codes of the words folded in by e4m3_nan_fold is a NaN code: a byte's
 // low 7 bits plus one carry into its bit 7 only for 0x7F (no carry leaves the byte). The
 // foldable form tests several words with one final test (the gather's decode_entry);
@@ -262,8 +269,7 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8_bf16mul(uint2 codes, uint32_t 
 __device__ __forceinline__ uint4 e4m3x8_to_bf16x8_bf16mul2(uint2 codes, uint32_t s) {
   const __nv_bfloat162 mult = ue8m0_to_bf16x2(s);
   return e4m3x8_with(codes, [&](uint32_t w, __nv_bfloat162& lo, __nv_bfloat162& hi) {
-    lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(w, 0x9180u), mult);
-    hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(w, 0xB3A2u), mult);
+    e4m3x4_to_bf16x4_bf16mul2(w, mult, lo, hi);
   });
 }
 

@@ -211,20 +211,18 @@ __device__ __forceinline__ void store_raw(uint16_t* row, const EntryLoads& e, in
 // route without per-chunk branches; otherwise the shipped per-chunk routes (decode8).
 __device__ __forceinline__ void store_entry_vote(uint16_t* out_row, const EntryLoads& e, int lane,
                                                  uint64_t pol) {
-  const int g = lane >> 3;
-  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
-  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const LaneScales sc = lane_scales(e, lane);
   const bool nope_hi = lane < 24;
-  const bool ok = !e4m3x4_has_nan(e.a.x) && !e4m3x4_has_nan(e.a.y) && e4m3_bf16mul_scale_ok(s_lo) &&
+  const bool ok = !e4m3x4_has_nan(e.a.x) && !e4m3x4_has_nan(e.a.y) && e4m3_bf16mul_scale_ok(sc.lo) &&
                   (!nope_hi || (!e4m3x4_has_nan(e.b.x) && !e4m3x4_has_nan(e.b.y) &&
-                                e4m3_bf16mul_scale_ok(s_hi)));
+                                e4m3_bf16mul_scale_ok(sc.hi)));
   uint4 lo, hi;
   if (__all_sync(0xFFFFFFFFu, ok)) {
-    lo = e4m3x8_to_bf16x8_bf16mul(e.a, s_lo);
-    hi = nope_hi ? e4m3x8_to_bf16x8_bf16mul(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+    lo = e4m3x8_to_bf16x8_bf16mul(e.a, sc.lo);
+    hi = nope_hi ? e4m3x8_to_bf16x8_bf16mul(make_uint2(e.b.x, e.b.y), sc.hi) : e.b;
   } else {
-    lo = decode8(e.a, s_lo);
-    hi = nope_hi ? decode8(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+    lo = decode8(e.a, sc.lo);
+    hi = nope_hi ? decode8(make_uint2(e.b.x, e.b.y), sc.hi) : e.b;
   }
   st_v4_pol(out_row + 8 * lane, lo, pol);
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
@@ -236,46 +234,44 @@ __device__ __forceinline__ void store_entry_vote(uint16_t* out_row, const EntryL
 // kTwoMul: the two-multiply bf16x2 route (scale bytes 10..246; the shipped decode_entry),
 // else the one-multiply route (10..134).
 template <bool kTwoMul>
-__device__ __forceinline__ bool entry_fast(const EntryLoads& e, int lane, uint32_t s_lo, uint32_t s_hi) {
+__device__ __forceinline__ bool entry_fast(const EntryLoads& e, int lane, LaneScales sc) {
   const bool nope_hi = lane < 24;
   uint32_t nan = e4m3_nan_fold(0u, e.a.x);
   nan = e4m3_nan_fold(nan, e.a.y);
   nan = e4m3_nan_fold(nan, nope_hi ? e.b.x : 0u);
   nan = e4m3_nan_fold(nan, nope_hi ? e.b.y : 0u);
-  const bool lo_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(s_lo) : e4m3_bf16mul_scale_ok(s_lo);
-  const bool hi_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(s_hi) : e4m3_bf16mul_scale_ok(s_hi);
+  const bool lo_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(sc.lo) : e4m3_bf16mul_scale_ok(sc.lo);
+  const bool hi_ok = kTwoMul ? e4m3_bf16mul2_scale_ok(sc.hi) : e4m3_bf16mul_scale_ok(sc.hi);
   return !e4m3_nan_any(nan) && lo_ok && (!nope_hi || hi_ok);
 }
 
 template <bool kTwoMul>
-__device__ __forceinline__ void decode_entry_fast(const EntryLoads& e, int lane, uint32_t s_lo,
-                                                  uint32_t s_hi, uint4& lo, uint4& hi) {
+__device__ __forceinline__ void decode_entry_fast(const EntryLoads& e, int lane, LaneScales sc,
+                                                  uint4& lo, uint4& hi) {
   const uint2 b = make_uint2(e.b.x, e.b.y);
   if constexpr (kTwoMul) {
-    lo = e4m3x8_to_bf16x8_bf16mul2(e.a, s_lo);
-    hi = e4m3x8_to_bf16x8_bf16mul2(b, s_hi);
+    lo = e4m3x8_to_bf16x8_bf16mul2(e.a, sc.lo);
+    hi = e4m3x8_to_bf16x8_bf16mul2(b, sc.hi);
   } else {
-    lo = e4m3x8_to_bf16x8_bf16mul(e.a, s_lo);
-    hi = e4m3x8_to_bf16x8_bf16mul(b, s_hi);
+    lo = e4m3x8_to_bf16x8_bf16mul(e.a, sc.lo);
+    hi = e4m3x8_to_bf16x8_bf16mul(b, sc.hi);
   }
   if (lane >= 24) hi = e.b;
 }
 
-__device__ __forceinline__ void decode_entry_slow(const EntryLoads& e, int lane, uint32_t s_lo,
-                                                  uint32_t s_hi, uint4& lo, uint4& hi) {
-  lo = decode8(e.a, s_lo);
-  hi = lane < 24 ? decode8(make_uint2(e.b.x, e.b.y), s_hi) : e.b;
+__device__ __forceinline__ void decode_entry_slow(const EntryLoads& e, int lane, LaneScales sc,
+                                                  uint4& lo, uint4& hi) {
+  lo = decode8(e.a, sc.lo);
+  hi = lane < 24 ? decode8(make_uint2(e.b.x, e.b.y), sc.hi) : e.b;
 }
 
 template <bool kTwoMul>
 __device__ __forceinline__ void store_entry_route(uint16_t* out_row, const EntryLoads& e, int lane,
                                                   uint64_t pol) {
-  const int g = lane >> 3;
-  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
-  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const LaneScales sc = lane_scales(e, lane);
   uint4 lo, hi;
-  decode_entry_fast<kTwoMul>(e, lane, s_lo, s_hi, lo, hi);
-  if (!entry_fast<kTwoMul>(e, lane, s_lo, s_hi)) decode_entry_slow(e, lane, s_lo, s_hi, lo, hi);
+  decode_entry_fast<kTwoMul>(e, lane, sc, lo, hi);
+  if (!entry_fast<kTwoMul>(e, lane, sc)) decode_entry_slow(e, lane, sc, lo, hi);
   st_v4_pol(out_row + 8 * lane, lo, pol);
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
 }
@@ -284,6 +280,8 @@ __device__ __forceinline__ void store_entry_route(uint16_t* out_row, const Entry
 // (decode8), one branch region per chunk.
 __device__ __forceinline__ void store_entry_chunks(uint16_t* out_row, const EntryLoads& e, int lane,
                                                    uint64_t pol) {
+  // written as store_entry was (scale bytes read in the calls): through lane_scales ptxas
+  // schedules it slightly differently, and this variant stands for that kernel
   const int g = lane >> 3;
   st_v4_pol(out_row + 8 * lane, decode8(e.a, kv_record::group_scale_byte(e.scales, g)), pol);
   const uint4 hi = lane < 24 ? decode8(make_uint2(e.b.x, e.b.y), kv_record::group_scale_byte(e.scales, 4 + g))
@@ -296,15 +294,13 @@ __device__ __forceinline__ void store_entry_chunks(uint16_t* out_row, const Entr
 // not wait for the test).
 __device__ __forceinline__ void store_entry_fix(uint16_t* out_row, const EntryLoads& e, int lane,
                                                 uint64_t pol) {
-  const int g = lane >> 3;
-  const uint32_t s_lo = kv_record::group_scale_byte(e.scales, g);
-  const uint32_t s_hi = kv_record::group_scale_byte(e.scales, 4 + g);
+  const LaneScales sc = lane_scales(e, lane);
   uint4 lo, hi;
-  decode_entry_fast<true>(e, lane, s_lo, s_hi, lo, hi);
+  decode_entry_fast<true>(e, lane, sc, lo, hi);
   st_v4_pol(out_row + 8 * lane, lo, pol);
   st_v4_pol(out_row + 256 + 8 * lane, hi, pol);
-  if (!entry_fast<true>(e, lane, s_lo, s_hi)) {
-    decode_entry_slow(e, lane, s_lo, s_hi, lo, hi);
+  if (!entry_fast<true>(e, lane, sc)) {
+    decode_entry_slow(e, lane, sc, lo, hi);
     st_v4_pol(out_row + 8 * lane, lo, pol);
     if (lane < 24) st_v4_pol(out_row + 256 + 8 * lane, hi, pol);  // RoPE lanes stored theirs
   }
@@ -449,22 +445,17 @@ __global__ void __launch_bounds__(32) tile_var(const GatherKParams p) {
     copy_mark(2, dep);
   }
   if constexpr (kDecode && kRoute == 3) {
-    const int g = lane >> 3;
     uint4 lo[kWarpEntries], hi[kWarpEntries];
     bool fast = true;
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {
-      const uint32_t s_lo = kv_record::group_scale_byte(e[j].scales, g);
-      const uint32_t s_hi = kv_record::group_scale_byte(e[j].scales, 4 + g);
-      decode_entry_fast<true>(e[j], lane, s_lo, s_hi, lo[j], hi[j]);
-      fast = fast && (ep[j] < 0 || entry_fast<true>(e[j], lane, s_lo, s_hi));
+      const LaneScales sc = lane_scales(e[j], lane);
+      decode_entry_fast<true>(e[j], lane, sc, lo[j], hi[j]);
+      fast = fast && (ep[j] < 0 || entry_fast<true>(e[j], lane, sc));
     }
     if (!fast) {
 #pragma unroll
-      for (int j = 0; j < kWarpEntries; ++j) {
-        decode_entry_slow(e[j], lane, kv_record::group_scale_byte(e[j].scales, g),
-                          kv_record::group_scale_byte(e[j].scales, 4 + g), lo[j], hi[j]);
-      }
+      for (int j = 0; j < kWarpEntries; ++j) decode_entry_slow(e[j], lane, lane_scales(e[j], lane), lo[j], hi[j]);
     }
 #pragma unroll
     for (int j = 0; j < kWarpEntries; ++j) {

@@ -180,7 +180,7 @@ def _check_gather(ext, kc, seq, gat, table, bs, offset, M, g, sm_count=None):
     assert _bits_equal_nan(got.cpu(), want)
 
 
-# 48: a page size that is not a power of two (the kernels' 32-bit division instead of a shift)
+# 48: a page size that is not a power of two (the launch-time divisor FastDivU31 off its power-of-two case)
 @pytest.mark.parametrize("bs", [64, 16, 2, 1, 48])
 def test_gather_bit_exact_random_bytes(ext, bs):
     g = _gen()
