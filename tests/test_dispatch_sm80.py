@@ -97,6 +97,14 @@ def _expect_sm8x(d: dict[str, Any]) -> list[str]:
               f"{b} not refused: {attn[b]}")
     for b in ("FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120"):
         check(_refused(attn[b], "not a DeepSeek V4 attention backend"), f"{b}: {attn[b]}")
+    v41 = d["v41_attn_cls"]
+    for b, decision in v41.items():  # V4.1 is not ported: refused, whatever the backend
+        check(isinstance(decision, dict) and decision.get("error") == "NotImplementedError"
+              and all(w in decision["message"] for w in (
+                  "DeepSeek-V4.1", "does not run on compute capability", "9.0 or newer",
+                  "runs DeepSeek-V4 (DeepseekV4ForCausalLM)", "docs/v41-status.md")),
+              f"V4.1 with {b} not refused: {decision}")
+    check(len(v41) == 8, f"V4.1 probe cases: {sorted(v41)}")
     check(d["gather"] == "triton", f"gather -> {d['gather']}")
     check(d["indexer_q"] == {"fp8": "triton_fp8", "mxfp4": "triton_mxfp4"},
           f"indexer_q -> {d['indexer_q']}")
@@ -151,6 +159,9 @@ def test_pristine_tree_decides_otherwise_on_sm8x(decisions, cap: str) -> None:
     needed for the decisions it is tested for."""
     d = decisions[("pristine", "installed")][cap]
     assert d["attn_cls"]["None"].endswith("DeepseekV4FlashMLAAttention")
+    assert d["v41_attn_cls"]["None"].endswith("deepseek_v41.nvidia.flashmla."
+                                              "DeepseekV4FlashMLAAttention")
+    assert d["v41_attn_cls"]["None/pcp2"] == d["v41_attn_cls"]["None"]
     assert d["gather"] == "_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
     assert d["indexer_q"]["fp8"] == "_INDEXER_Q_FP8_KERNEL"
     assert d["compressor_store"]["512"] == "_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL"

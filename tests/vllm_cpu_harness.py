@@ -241,7 +241,7 @@ def _describe(obj: Any) -> str:
 
 
 def _error(exc: BaseException) -> dict[str, str]:
-    return {"error": type(exc).__name__, "message": str(exc).splitlines()[0][:300]
+    return {"error": type(exc).__name__, "message": str(exc).splitlines()[0][:600]
             if str(exc) else ""}
 
 
@@ -349,6 +349,32 @@ def probe_attn_cls() -> dict[str, Any]:
             out[str(name)] = _describe(model._select_dsv4_attn_cls(cfg))
         except Exception as exc:  # the decision may be a refusal
             out[str(name)] = _error(exc)
+    return out
+
+
+def probe_v41_attn_cls() -> dict[str, Any]:
+    """DeepSeek-V4.1's ``_select_dsv4_attn_cls`` (its own copy in ``deepseek_v41``) for
+    the default and each sparse-MLA backend choice, and with prefill context parallelism."""
+    from vllm.models.deepseek_v41.nvidia import model
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    hf = types.SimpleNamespace(num_attention_heads=64, o_groups=8)
+    out: dict[str, Any] = {}
+    cases = [(str(n), n, 1) for n in (
+        None, "FLASHMLA_SPARSE", "FLASHMLA_SPARSE_DSV41", "FLASHMLA_MEGA_ATTN_DSV41",
+        "FLASHINFER_MLA_SPARSE_DSV41", "FLASHINFER_MLA_SPARSE", "TRITON_MLA")]
+    cases.append(("None/pcp2", None, 2))
+    for key, name, pcp in cases:
+        cfg = types.SimpleNamespace(
+            attention_config=types.SimpleNamespace(
+                backend=None if name is None else getattr(E, name)),
+            parallel_config=types.SimpleNamespace(prefill_context_parallel_size=pcp,
+                                                  tensor_parallel_size=1),
+            model_config=types.SimpleNamespace(hf_config=hf))
+        try:
+            out[key] = _describe(model._select_dsv4_attn_cls(cfg))
+        except Exception as exc:  # the decision may be a refusal
+            out[key] = _error(exc)
     return out
 
 
@@ -958,6 +984,7 @@ def _current_platform() -> Any:
 
 PROBES: dict[str, Callable[[], Any]] = {
     "attn_cls": probe_attn_cls,
+    "v41_attn_cls": probe_v41_attn_cls,
     "gather": probe_gather,
     "indexer_q": probe_indexer_q,
     "compressor_store": probe_compressor_store,
