@@ -106,19 +106,20 @@ def make_gather_set(reqs: int, n: int, gen: torch.Generator) -> dict[str, Any]:
     }
 
 
-def make_combine_set(tokens: int, reqs: int, gen: torch.Generator) -> dict[str, Any]:
+def make_combine_set(tokens: int, reqs: int, gen: torch.Generator,
+                     ratio: int = RATIO) -> dict[str, Any]:
     qlen = tokens // reqs
     qlens = torch.full((reqs,), qlen, dtype=torch.int64)
     seq = qlens + PREFIX
     gather = qlens + min(PREFIX, WINDOW - 1)
-    comp = seq // RATIO
+    comp = seq // ratio
     N = int(comp.max())
     M = N + int(gather.max())
     qsl = torch.zeros(reqs + 1, dtype=torch.int64)
     qsl[1:] = torch.cumsum(qlens, 0)
-    # local top-k indices: for a token at position pos, in [0, (pos + 1) // RATIO)
+    # local top-k indices: for a token at position pos, in [0, (pos + 1) // ratio)
     pos = torch.cat([torch.arange(PREFIX, PREFIX + qlen) for _ in range(reqs)]).cuda()
-    visible = ((pos + 1) // RATIO).clamp(min=1)
+    visible = ((pos + 1) // ratio).clamp(min=1)
     topk = (torch.rand(tokens, TOPK, device="cuda", generator=gen) * visible[:, None]).to(torch.int32)
     return {
         "topk_indices": topk,
