@@ -206,6 +206,36 @@ def test_unexported_commit_refused(synth):
     assert len(user) == 1 and "+committed by user" in user[0].read_text()
 
 
+def test_change_amended_into_the_overlay_commit_is_refused_not_lost(synth):
+    """Export skips the overlay commit, so the patch files still match the tree's other
+    commits; a change amended into the overlay commit used to be rebuilt away silently
+    (seen 2026-11-30). Apply must refuse it, say how to keep it, and back it up when
+    forced."""
+    _apply(synth)
+    tree = GitTree(synth.tree)
+    apply_head = tree.rev_parse("HEAD")
+    (synth.tree / "vllm/gamma.py").write_text("amended by user\n")
+    git(synth.tree, "commit", "-qa", "--amend", "--no-edit")
+    with pytest.raises(DeepinferError) as ei:
+        _apply(synth, force=False)
+    text = str(ei.value)
+    assert "no patch or overlay file has" in text and "vllm/gamma.py" in text
+    assert f"reset --soft {apply_head[:12]}" in ei.value.hint and "make export" in ei.value.hint
+    # the hint's recipe keeps the change as a commit of its own, which export then sees
+    git(synth.tree, "reset", "-q", "--soft", apply_head)
+    git(synth.tree, "commit", "-qm", "User change\n\nWhy it matters.")
+    with pytest.raises(DeepinferError) as ei:
+        _apply(synth, force=False)
+    assert "User change" in str(ei.value)
+    # forced: rebuilt, and the amended change saved first
+    git(synth.tree, "reset", "-q", "--soft", apply_head)
+    git(synth.tree, "commit", "-q", "--amend", "--no-edit")
+    res = _apply(synth, force=True)
+    assert res.changed and (synth.tree / "vllm/gamma.py").read_text() != "amended by user\n"
+    diffs = list(synth.build.glob(f"vllm-{VERSION}.force-backup-*/unsaved-committed.diff"))
+    assert len(diffs) == 1 and "+amended by user" in diffs[0].read_text()
+
+
 @pytest.mark.parametrize("stage", ["source", "base", "patch", "swap"])
 def test_interrupted_apply_keeps_previous_tree(synth, monkeypatch, stage):
     _apply(synth)

@@ -105,6 +105,11 @@ def _expect_sm8x(d: dict[str, Any]) -> list[str]:
                   "runs DeepSeek-V4 (DeepseekV4ForCausalLM)", "docs/v41-status.md")),
               f"V4.1 with {b} not refused: {decision}")
     check(len(v41) == 8, f"V4.1 probe cases: {sorted(v41)}")
+    check(d["v41_fp8_launch"] == {
+        "rope_quant_insert_584": "e4m3_encode", "indexer_k_store/fp4=False": "e4m3_encode",
+        "indexer_k_store/fp4=True": None,  # MXFP4 has no FP8 conversion
+        "engram_lookup": {"decoder": "e4m3_decode", "table": "torch.uint8"}},
+        f"V4.1 FP8 launchers -> {d['v41_fp8_launch']}")
     check(d["gather"] == "triton", f"gather -> {d['gather']}")
     check(d["indexer_q"] == {"fp8": "triton_fp8", "mxfp4": "triton_mxfp4"},
           f"indexer_q -> {d['indexer_q']}")
@@ -162,6 +167,8 @@ def test_pristine_tree_decides_otherwise_on_sm8x(decisions, cap: str) -> None:
     assert d["v41_attn_cls"]["None"].endswith("deepseek_v41.nvidia.flashmla."
                                               "DeepseekV4FlashMLAAttention")
     assert d["v41_attn_cls"]["None/pcp2"] == d["v41_attn_cls"]["None"]
+    assert d["v41_fp8_launch"]["rope_quant_insert_584"] is None
+    assert d["v41_fp8_launch"]["engram_lookup"]["table"] == "torch.float8_e4m3fn"
     assert d["gather"] == "_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
     assert d["indexer_q"]["fp8"] == "_INDEXER_Q_FP8_KERNEL"
     assert d["compressor_store"]["512"] == "_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL"

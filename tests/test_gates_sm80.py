@@ -194,6 +194,28 @@ def test_inv_rope_kernel_compiles_for_sm80_sm86_and_sm90_code_is_unchanged(trees
 
 
 @pytest.mark.network
+def test_v41_fp8_kernels_compile_for_sm80_sm86_and_sm90_code_is_unchanged(trees, deps
+                                                                         ) -> None:
+    """DeepSeek-V4.1's compressed insert (584-byte record), indexer-K store and Engram
+    lookup (four variants): with the software e4m3 codec they compile for sm_80/86, the
+    hardware conversion does not (patched and pristine alike), and the sm_90 code of the
+    default (no codec) equals the pristine kernel's."""
+    got = {t: harness.run_probes(trees[t], ["9.0"], probes=("v41_fp8_aot",))["9.0"]
+           ["v41_fp8_aot"] for t in ("patched", "pristine")}
+    for t in got:
+        assert "error" not in got[t], got[t]
+    labels = {k.split("/sm")[0] for k in got["patched"]}
+    assert len(labels) == 6, labels
+    for label in labels:
+        for cc in (80, 86):
+            assert got["patched"][f"{label}/sm{cc}/soft"] == "ok", label
+            for t in got:
+                assert "fp8e4nv" in got[t][f"{label}/sm{cc}/hardware"], (t, label)
+            assert got["pristine"][f"{label}/sm{cc}/soft"] == "no parameter"
+        assert got["patched"][f"{label}/sm90"] == got["pristine"][f"{label}/sm90"], label
+
+
+@pytest.mark.network
 def test_overlay_identity_in_the_applied_tree(trees, deps) -> None:
     res = harness.run_probes(trees["patched"], ["8.0"], probes=("overlay_identity",))
     ident = res["8.0"]["overlay_identity"]

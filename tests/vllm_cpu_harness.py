@@ -977,6 +977,156 @@ def probe_inv_rope_aot() -> dict[str, Any]:
     return out
 
 
+def _ptx_code(ptx: str) -> str:
+    """Hash of a PTX text without debug info (comments, .loc/.file, debug sections, and
+    the ``$L__tmpN:`` labels that only mark debug scopes, e.g. of an inlined function)."""
+    import hashlib
+    import re
+
+    body = ptx.split(".section\t.debug", 1)[0]
+    lines = [ln for ln in body.splitlines()
+             if not ln.strip().startswith((".loc", ".file", "//"))
+             and not re.fullmatch(r"\$L__tmp\d+:", ln.strip())]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _v41_fp8_kernels() -> dict[str, tuple[Any, dict[str, str], dict[str, Any], str]]:
+    """DeepSeek-V4.1's FP8 Triton kernels SM80 needs (name -> kernel, signature,
+    constexprs, name of the optional software-codec parameter)."""
+    from vllm.models.deepseek_v41.common import engram
+    from vllm.models.deepseek_v41.common.ops import fused_compress_quant_cache as fcq
+    from vllm.models.deepseek_v41.common.ops import indexer_k_store as iks
+
+    insert_sig = {"latent": "*bf16", "positions": "*i64", "cos_sin": "*fp32",
+                  "cache": "*u8", "cache_slots": "*i64"}
+    insert_consts = {"COS_STRIDE": 64, "CACHE_STRIDE": 37440, "CACHE_BLOCK": 64,
+                     "COMPRESS_RATIO": 2, "SANITIZE_CACHE_NANS": False}
+    ik_sig = {"k_pre_ptr": "*bf16", "k_pre_stride": "i64", "positions_ptr": "*i64",
+              "rms_norm_weight_ptr": "*bf16", "rms_norm_eps": "fp32",
+              "cos_sin_cache_ptr": "*fp32", "cos_sin_stride": "i64", "k_cache_ptr": "*u8",
+              "kv_slot_mapping_ptr": "*i64", "kv_cache_block_size": "i32"}
+    ik_consts = {"HEAD_SIZE": 128, "ROPE_HEAD_DIM": 64, "COMPRESS_RATIO": 1,
+                 "TOKEN_STRIDE": 128, "SCALE_DIM": 4, "KV_BLOCK_STRIDE": 16896,
+                 "FP8_MAX": 448.0, "USE_FP4": False, "MX_SCALE": False, "SHUFFLE": False,
+                 "BLOCK_TILE_SIZE": 16, "HEAD_TILE_SIZE": 16}
+    out = {"rope_quant_insert_584": (fcq._rope_quant_insert_kernel, insert_sig,
+                                     insert_consts, "FP8_ENCODE"),
+           "indexer_k_store_fp8": (iks._indexer_k_norm_rope_quant_store_kernel, ik_sig,
+                                   ik_consts, "FP8_ENCODE")}
+    for packed in (False, True):
+        for peer in (0, 4096):
+            sig = {"weight": "*i64" if peer else "*fp8e4nv", "scales": "*u8", "ids": "*i64",
+                   "sorted_dst": "*i32", "out": "*u8" if packed else "*bf16",
+                   "vocab_start": "i64", "vocab_end": "i64", "num_rows": "i32",
+                   "ids_stride_t": "i64", "ids_stride_h": "i64", "GRID": "i32",
+                   "SORTED": "i1"}
+            consts = {"HEAD_START": 0, "LOCAL_HEADS": 8, "TOTAL_HEADS": 8, "DIM": 256,
+                      "QUANT_BLOCK": 32, "BLOCK_R": 16, "PACKED": packed,
+                      "OUT_STRIDE": 8 * (256 + 8) if packed else 256, "PEER_ROWS": peer}
+            out[f"engram_lookup/packed={packed}/peer={bool(peer)}"] = (
+                engram._engram_lookup_kernel, sig, consts, "FP8_DECODE")
+    return out
+
+
+def probe_v41_fp8_launch() -> dict[str, Any]:
+    """What DeepSeek-V4.1's FP8 launchers hand their Triton kernels at the probed
+    capability: the software codec passed (its name, or None for the hardware
+    conversion) and, for the Engram lookup, the dtype of the table it reads."""
+    import torch
+
+    from vllm.models.deepseek_v41.common import engram
+    from vllm.models.deepseek_v41.common.ops import fused_compress_quant_cache as fcq
+    from vllm.models.deepseek_v41.common.ops import indexer_k_store as iks
+
+    calls: list[tuple[tuple, dict]] = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((args, kwargs))
+
+    def codec(kwargs: dict[str, Any], name: str) -> str | None:
+        fn = kwargs.get(name)
+        return None if fn is None else getattr(fn, "__name__", str(fn))
+
+    out: dict[str, Any] = {}
+    with _patched([(fcq, "_rope_quant_insert_kernel", Launch())]):
+        fcq.rope_quant_insert(
+            torch.zeros(4, 512, dtype=torch.bfloat16), torch.arange(4),
+            torch.zeros(64, 64), torch.zeros(2, 64, 584, dtype=torch.uint8),
+            torch.arange(4), compress_ratio=2)
+    out["rope_quant_insert_584"] = codec(calls[-1][1], "FP8_ENCODE")
+    with _patched([(iks, "_indexer_k_norm_rope_quant_store_kernel", Launch())]):
+        for fp4 in (False, True):
+            row = 64 if fp4 else 128
+            iks.indexer_k_norm_rope_store(
+                torch.zeros(4, 128, dtype=torch.bfloat16), torch.arange(4),
+                torch.zeros(64, 64), torch.ones(128, dtype=torch.bfloat16), 1e-6,
+                torch.zeros(2, 64, row + 4, dtype=torch.uint8), torch.arange(4),
+                compress_ratio=1, use_fp4_cache=fp4)
+            out[f"indexer_k_store/fp4={fp4}"] = codec(calls[-1][1], "FP8_ENCODE")
+    table = torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
+    scales = torch.zeros(64, 8, dtype=torch.uint8)
+    me = types.SimpleNamespace(
+        part_n_hash_cols=2, n_hash_cols=2, head_start=0, vocab_start_idx=0,
+        vocab_end_idx=64, cpu_offload=False, _packed=None, _num_sms=108, peer_rows=0,
+        peer_ptrs=None, dim=256, block_size=32, _storage=lambda: (table, scales))
+    with _patched([(engram, "_engram_lookup_kernel", Launch())]):
+        engram.ParallelEngramEmbedding.lookup(
+            me, torch.zeros(3, 2, dtype=torch.int64), torch.empty(6, 256, dtype=torch.bfloat16))
+    args, kwargs = calls[-1]
+    out["engram_lookup"] = {"decoder": codec(kwargs, "FP8_DECODE"), "table": str(args[0].dtype)}
+    return out
+
+
+def probe_v41_fp8_aot() -> dict[str, Any]:
+    """Triton ahead-of-time compile of DeepSeek-V4.1's FP8 kernels: for sm_80/sm_86,
+    with the software e4m3 codec where the tree's kernel takes one ("soft") and without
+    ("hardware"); for sm_90 the instruction text (hashed, no debug info) of the default."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def compile_for(kernel, sig, consts, cc, codec):
+        sig = dict(sig)
+        consts = dict(consts)
+        if codec is not None:
+            name, fn = codec
+            consts[name] = fn
+            if sig.get("weight") == "*fp8e4nv":  # the lookup reads uint8 codes then
+                sig["weight"] = "*u8"
+        for k in consts:
+            sig.setdefault(k, "constexpr")
+        ordered = {a: sig[a] for a in kernel.arg_names if a in sig}
+        src = ASTSource(fn=kernel, signature=ordered, constexprs=consts)
+        return triton.compile(src, target=GPUTarget("cuda", cc, 32))
+
+    def attempt(fn) -> str:
+        try:
+            fn()
+            return "ok"
+        except Exception as exc:
+            msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            return f"fails: {type(exc).__name__}: {msg}"[:160]
+
+    out: dict[str, Any] = {}
+    for label, (kernel, sig, consts, param) in _v41_fp8_kernels().items():
+        has_param = param in kernel.arg_names
+        codec = None
+        if has_param:
+            from deepinfer_sm80.triton_writers import fp8
+
+            codec = (param, fp8.e4m3_encode if param == "FP8_ENCODE" else fp8.e4m3_decode)
+        for cc in (80, 86):
+            out[f"{label}/sm{cc}/hardware"] = attempt(
+                lambda: compile_for(kernel, sig, consts, cc, None))
+            out[f"{label}/sm{cc}/soft"] = (attempt(
+                lambda: compile_for(kernel, sig, consts, cc, codec))
+                if has_param else "no parameter")
+        out[f"{label}/sm90"] = _ptx_code(
+            compile_for(kernel, sig, consts, 90, None).asm["ptx"])
+    return out
+
+
 def _current_platform() -> Any:
     from vllm.platforms import current_platform
     return current_platform
@@ -985,6 +1135,7 @@ def _current_platform() -> Any:
 PROBES: dict[str, Callable[[], Any]] = {
     "attn_cls": probe_attn_cls,
     "v41_attn_cls": probe_v41_attn_cls,
+    "v41_fp8_launch": probe_v41_fp8_launch,
     "gather": probe_gather,
     "indexer_q": probe_indexer_q,
     "compressor_store": probe_compressor_store,
@@ -1006,6 +1157,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "overlay_identity": probe_overlay_identity,
     "inv_rope_aot": probe_inv_rope_aot,
     "warmup_aot": probe_warmup_aot,
+    "v41_fp8_aot": probe_v41_fp8_aot,
 }
 
 

@@ -11,13 +11,14 @@
 #   bash scripts/device/final.sh [all|cache|attention|tests]   (cache: tests of the cache/index
 #       kernels and bench_cache only, after a change to them; attention: every GPU test and
 #       the two attention benchmarks, no bench_cache, after a change to the attention kernels;
-#       tests: every GPU test, no benchmark)
+#       tests: every GPU test, no benchmark; FINAL_TESTS="tests/gpu/x.py ..." runs only those)
 set -uo pipefail
 MODE=${1:-all}
 source "$(dirname "$0")/bundle_env.sh" final
 t0=$SECONDS
 TESTS=(tests/gpu)
 [ "$MODE" = cache ] && TESTS=(tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py tests/gpu/test_kernels_vs_upstream.py)
+[ -n "${FINAL_TESTS:-}" ] && read -r -a TESTS <<< "$FINAL_TESTS"  # e.g. one test file
 $PY -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"

@@ -332,6 +332,11 @@ class TreeProblems:
     dirty: list[str] = field(default_factory=list)        # "M path", "?? path", ...
     commits: list[str] = field(default_factory=list)      # commits not made by apply
     unexported: bool = False                              # commits differ from patch files
+    # paths whose committed content no patch or overlay file has (e.g. amended into the
+    # overlay commit, which export skips), and the tree id the inputs would produce
+    unsaved_paths: list[str] = field(default_factory=list)
+    expected: str | None = None
+    apply_head: str | None = None                         # HEAD as apply left it
 
     def __bool__(self) -> bool:
         return bool(self.dirty) or self.unexported
@@ -355,6 +360,16 @@ def inspect_tree(tree: GitTree, state: dict, ps: PatchSet) -> TreeProblems:
                 (ps.directory / n).read_bytes() == files[n] for n in names)
         except DeepinferError:
             same = False
+        if same:
+            # Export skips the overlay commit, so the patch files can match while a commit
+            # carries more (e.g. `git commit --amend` onto the overlay commit). Compare
+            # HEAD's tree with what the inputs build.
+            want, _ = expected_tree(tree, base, ps, overlay_files(ps.directory.parents[1]))
+            if want is not None and want != g.tree_of(tree, "HEAD"):
+                probs.unsaved_paths = tree.changed_paths(want, "HEAD")
+                probs.expected = want
+                probs.apply_head = state.get("head")
+                same = not probs.unsaved_paths
         probs.unexported = not same
     return probs
 
@@ -367,23 +382,36 @@ def refuse_error(tree_path: Path, probs: TreeProblems) -> DeepinferError:
         if len(probs.dirty) > 200:
             details.append(f"    ... and {len(probs.dirty) - 200} more")
     if probs.unexported:
-        if probs.commits:
+        if probs.unsaved_paths:
+            details.append("  committed changes that no patch or overlay file has (export "
+                           "skips the overlay commit; were they amended into it?):")
+            details += [f"    {p}" for p in probs.unsaved_paths[:200]]
+            details += [f"    in {c}" for c in probs.commits]
+        elif probs.commits:
             details.append("  commits not saved in the patch set:")
             details += [f"    {c}" for c in probs.commits]
         else:
             details.append("  HEAD moved since apply (commits removed or rewritten); the "
                            "tree's history no longer matches the patch files")
+    hint = ("commit them and run `make export` to keep them as patches, or re-run with "
+            "FORCE=1 to rebuild anyway (your changes are saved to build/vllm-<ver>."
+            "force-backup-<time>/ first)")
+    if probs.unsaved_paths and probs.apply_head:
+        hint = (f"give them a commit of their own: `git -C {_rel(tree_path)} reset --soft "
+                f"{probs.apply_head[:12]}` (HEAD as apply left it; your changes stay staged), "
+                "`git commit`, then `make export`; or re-run with FORCE=1 to rebuild anyway "
+                "(they are saved to build/vllm-<ver>.force-backup-<time>/ first)")
     return DeepinferError(
         f"{_rel(tree_path)} has changes that re-applying would discard", details=details,
-        hint="commit them and run `make export` to keep them as patches, or re-run with "
-             "FORCE=1 to rebuild anyway (your changes are saved to build/vllm-<ver>."
-             "force-backup-<time>/ first)")
+        hint=hint)
 
 
 def _backup(tree: GitTree, target: Path, state: dict, probs: TreeProblems) -> Path | None:
     """Save what a forced rebuild would discard into ``<target>.force-backup-<time>/``:
-    ``uncommitted.diff`` (untracked files included) and one mbox per commit between the
-    base and HEAD except the overlay commit (the series' commits and the user's)."""
+    ``uncommitted.diff`` (untracked files included), one mbox per commit between the
+    base and HEAD except the overlay commit (the series' commits and the user's), and
+    ``unsaved-committed.diff`` (expected tree -> HEAD) when committed changes are in no
+    patch file (amended into the overlay commit)."""
     out = target.parent / f"{target.name}.force-backup-{time.strftime('%Y%m%d-%H%M%S')}"
     saved = False
     if probs.dirty:
@@ -394,6 +422,12 @@ def _backup(tree: GitTree, target: Path, state: dict, probs: TreeProblems) -> Pa
             out.mkdir(parents=True, exist_ok=True)
             (out / "uncommitted.diff").write_bytes(diff)
             saved = True
+    if probs.unsaved_paths and probs.expected:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "unsaved-committed.diff").write_bytes(tree.run(
+            "diff", "--binary", "--full-index", probs.expected, "HEAD", binary=True,
+            strip=False))
+        saved = True
     if probs.unexported:
         try:
             commits = tree.commits(f"{state.get('base')}..HEAD")
