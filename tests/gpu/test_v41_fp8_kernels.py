@@ -112,22 +112,39 @@ def _latent(g: torch.Generator, t: int, width: int) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
+def _gen() -> torch.Generator:
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
+    return g
+
+
+def _store_inputs(g: torch.Generator, width: int, block: int, record: int):
+    """1000 rows of ``width`` values at random positions, their slots in 40 pages of
+    ``block`` records (every ninth -1), a cos/sin cache, and random cache bytes."""
+    t, nb = 1000, 40
+    rows = _latent(g, t, width)
+    positions = torch.randint(0, 8192, (t,), device="cuda", generator=g)
+    cos_sin = torch.randn(8192, 64, device="cuda", generator=g)
+    slots = torch.randperm(nb * block, device="cuda", generator=g)[:t]
+    slots[::9] = -1
+    cache0 = torch.randint(0, 256, (nb, block, record), dtype=torch.uint8, device="cuda",
+                           generator=g)
+    return rows, positions, cos_sin, slots, cache0
+
+
+def _assert_same_bytes(hw: torch.Tensor, sw: torch.Tensor, before: torch.Tensor) -> None:
+    assert not torch.equal(hw, before)  # the kernel wrote
+    diff = (hw != sw).nonzero()
+    assert diff.numel() == 0, f"{diff.shape[0]} bytes differ, first at {diff[:4].tolist()}"
+
+
 @pytest.mark.parametrize("ratio", [1, 2])
 def test_compressed_insert_584_software_equals_hardware(monkeypatch, codec, ratio):
     # it imports V4's fused_indexer_q: import that first, so that V4's packages are
     # registered as shells (their __init__ would import the whole V4 model)
     _import("vllm.models.deepseek_v4.common.ops.fused_indexer_q")
     fcq = _import(OPS + "fused_compress_quant_cache")
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
-    t, block, nb = 1000, 128 // ratio, 40
-    latent = _latent(g, t, 512)
-    positions = torch.randint(0, 8192, (t,), device="cuda", generator=g)
-    cos_sin = torch.randn(8192, 64, device="cuda", generator=g)
-    slots = torch.randperm(nb * block, device="cuda", generator=g)[:t]
-    slots[::9] = -1
-    cache0 = torch.randint(0, 256, (nb, block, 584), dtype=torch.uint8, device="cuda",
-                           generator=g)
+    latent, positions, cos_sin, slots, cache0 = _store_inputs(_gen(), 512, 128 // ratio, 584)
 
     def run():
         cache = cache0.clone()
@@ -135,25 +152,15 @@ def test_compressed_insert_584_software_equals_hardware(monkeypatch, codec, rati
         return cache
 
     hw, sw = _both(monkeypatch, fcq, "software_e4m3_encoder", codec.e4m3_encode, run)
-    assert not torch.equal(hw, cache0)  # the kernel wrote
-    diff = (hw != sw).nonzero()
-    assert diff.numel() == 0, f"{diff.shape[0]} bytes differ, first at {diff[:4].tolist()}"
+    _assert_same_bytes(hw, sw, cache0)
 
 
 @pytest.mark.parametrize("ratio", [1, 2])
 def test_indexer_k_store_software_equals_hardware(monkeypatch, codec, ratio):
     iks = _indexer_k_store()
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
-    t, block, nb = 1000, 64, 40
-    k_pre = _latent(g, t, 128)
-    positions = torch.randint(0, 8192, (t,), device="cuda", generator=g)
-    cos_sin = torch.randn(8192, 64, device="cuda", generator=g)
+    g = _gen()
+    k_pre, positions, cos_sin, slots, cache0 = _store_inputs(g, 128, 64, 132)
     weight = (1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
-    slots = torch.randperm(nb * block, device="cuda", generator=g)[:t]
-    slots[::9] = -1
-    cache0 = torch.randint(0, 256, (nb, block, 132), dtype=torch.uint8, device="cuda",
-                           generator=g)
 
     def run():
         cache = cache0.clone()
@@ -162,16 +169,13 @@ def test_indexer_k_store_software_equals_hardware(monkeypatch, codec, ratio):
         return cache
 
     hw, sw = _both(monkeypatch, iks, "software_e4m3_encoder", codec.e4m3_encode, run)
-    assert not torch.equal(hw, cache0)
-    diff = (hw != sw).nonzero()
-    assert diff.numel() == 0, f"{diff.shape[0]} bytes differ, first at {diff[:4].tolist()}"
+    _assert_same_bytes(hw, sw, cache0)
 
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_engram_lookup_software_equals_hardware(codec, tmp_path, packed):
     kernel = _engram_kernel(tmp_path)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
+    g = _gen()
     rows, dim, heads, tokens = 4096, 256, 8, 777
     codes = torch.randint(0, 256, (rows, dim), dtype=torch.uint8, device="cuda", generator=g)
     codes[:1, :] = torch.arange(256, dtype=torch.uint8, device="cuda")  # every code
