@@ -4,6 +4,12 @@ lays them out, with real per-layer dimensions (head 512 = 448 + 64, window
 float64 oracle of the layer's attention step.  Shared by the CPU smoke test
 and tests/gpu/test_ampere_layer.py.  Imports nothing but torch and
 deepinfer_sm80.
+
+``build_world(..., v41=True)`` lays out a DeepSeek-V4.1 layer instead: ratio
+1 or 2 with a compressed region (pages of 128 // ratio entries, the kernel
+block of 128 tokens V4.1 uses below family 90) whose entries are chosen by a
+request-local top-k that the caller supplies (V4.1's indexer lives in another
+layer and publishes into a shared buffer): ``v41_topk`` draws one.
 """
 
 from __future__ import annotations
@@ -44,12 +50,17 @@ def _paged(nreq, per_req_entries, bs, g, device, fill):
     return bt, total
 
 
-def build_world(*, ratio: int, seq_lens: list[int], heads: int, device, seed: int = 0):
+V41_KERNEL_BLOCK = 128  # tokens per compressed page of a V4.1 layer below family 90
+
+
+def build_world(*, ratio: int, seq_lens: list[int], heads: int, device, seed: int = 0,
+                v41: bool = False):
     """Caches holding every position < seq_len of each request."""
     g = torch.Generator().manual_seed(seed)
     dev = torch.device(device)
     nreq = len(seq_lens)
-    w = SimpleNamespace(ratio=ratio, seq_lens=seq_lens, heads=heads, device=dev, nreq=nreq)
+    w = SimpleNamespace(ratio=ratio, seq_lens=seq_lens, heads=heads, device=dev, nreq=nreq,
+                        v41=v41, compressed=ratio > 1 or (v41 and ratio >= 1))
     # SWA cache (64 tokens per page, padded page stride)
     w.swa_bt, npages = _paged(nreq, seq_lens, SWA_BS, g, dev, None)
     stride = page_stride(SWA_BS)
@@ -61,8 +72,8 @@ def build_world(*, ratio: int, seq_lens: list[int], heads: int, device, seed: in
         kv = torch.randn(L, HEAD, generator=g) * 1.5
         pack_fp8_ds_mla(kv.to(dev), slots.to(dev), w.swa_cache)
     w.swa_bt = w.swa_bt.to(dev)
-    if ratio > 1:
-        cbs = TOKENS_PER_PAGE // ratio
+    if w.compressed:
+        cbs = (V41_KERNEL_BLOCK if v41 else TOKENS_PER_PAGE) // ratio
         w.cbs = cbs
         ncomp = [L // ratio for L in seq_lens]
         w.c_bt, npages = _paged(nreq, ncomp, cbs, g, dev, None)
@@ -77,7 +88,7 @@ def build_world(*, ratio: int, seq_lens: list[int], heads: int, device, seed: in
             pack_fp8_ds_mla((torch.randn(n, HEAD, generator=g) * 1.5).to(dev), slots.to(dev),
                             w.c_cache)
         w.c_bt = w.c_bt.to(dev)
-    if ratio == 4:
+    if ratio == 4 and not v41:
         # indexer cache: 132-byte entries, 64 per page: [64*128 e4m3][64*4 fp32]
         ibs = TOKENS_PER_PAGE // ratio
         w.ibs = ibs
@@ -148,7 +159,20 @@ def oracle_token(w, r: int, pos: int, q: torch.Tensor, compressed: list[int]) ->
     return (e @ rows) / den.unsqueeze(1)
 
 
-def oracle_compressed(w, r, pos, iq_t, iw_t):
+def v41_topk(w, positions: list[int], g: torch.Generator) -> torch.Tensor:
+    """A V4.1 indexer's output for these tokens: per token, up to TOPK distinct
+    request-local compressed indices below (pos + 1) // ratio in random order, -1 after."""
+    out = torch.full((len(positions), TOPK), -1, dtype=torch.int32)
+    for t, p in enumerate(positions):
+        n = (p + 1) // w.ratio
+        pick = torch.randperm(n, generator=g)[:TOPK]
+        out[t, : pick.numel()] = pick.int()
+    return out.to(w.device)
+
+
+def oracle_compressed(w, r, pos, iq_t, iw_t, topk_row=None):
+    if w.v41:
+        return [int(j) for j in topk_row.tolist() if j >= 0]
     if w.ratio == 1:
         return []
     if w.ratio == 4:
@@ -281,7 +305,11 @@ def run_decode(w, md, ops, q, iq, iw, out=None, topk_buf=None):
 
     out = torch.empty_like(q) if out is None else out
     kwargs = {}
-    if w.ratio == 4:
+    if w.v41:  # ratios 1 and 2: the supplied top-k through the global-index path
+        kwargs = dict(topk_local=topk_buf, token_to_req_indices=md.token_to_req,
+                      block_table=w.c_bt, compressed_block_size=w.cbs,
+                      is_valid_token=md.is_valid, compressed_path="topk")
+    elif w.ratio == 4:
         if topk_buf is None:
             topk_buf = torch.full((q.shape[0], TOPK), -1, dtype=torch.int32, device=q.device)
         B, nn = w.nreq, md.next_n
@@ -293,34 +321,37 @@ def run_decode(w, md, ops, q, iq, iw, out=None, topk_buf=None):
     elif w.ratio == 128:
         kwargs = dict(c128_global_indices=md.c128_global, c128_lens=md.c128_lens)
     forward_decode(ops, q=q, swa_cache=w.swa_cache,
-                   compressed_cache=w.c_cache if w.ratio > 1 else None,
+                   compressed_cache=w.c_cache if w.compressed else None,
                    swa_indices=md.swa_indices, swa_lens=md.swa_lens, compress_ratio=w.ratio,
                    scale=w.scale, attn_sink=w.attn_sink, out=out, **kwargs)
     return out, topk_buf
 
 
-def run_prefill(w, md, ops, ws, q, iq, iw):
+def run_prefill(w, md, ops, ws, q, iq, iw, topk=None):
+    """``topk``: a V4.1 world's supplied request-local top-k rows, one per token."""
     from deepinfer_sm80.ampere.layer import forward_prefill, plan_prefill_chunks
 
     out = torch.zeros_like(q)
-    topk = None
-    if w.ratio == 4:
+    if w.v41:
+        assert topk is not None
+    elif w.ratio == 4:
         topk = torch.full((md.T, TOPK), -1, dtype=torch.int32, device=q.device)
         I.prefill_topk(iq, iw, md.k_fp8, md.k_scale, md.ks, md.ke, TOPK, topk)
     elif w.ratio == 128:
         topk = md.c128_local
     plan = plan_prefill_chunks(list(w.seq_lens), w.ratio, WINDOW, chunk_size=4,
-                               max_query_lens=md.query_lens)
+                               max_query_lens=md.query_lens, swa_only=not w.compressed)
     forward_prefill(ops, ws, q=q, out=out, swa_cache=w.swa_cache,
-                    compressed_cache=w.c_cache if w.ratio > 1 else None,
+                    compressed_cache=w.c_cache if w.compressed else None,
                     seq_lens=md.seq_lens, gather_lens=md.gather_lens,
                     query_start_loc=md.query_start_loc,
                     query_start_loc_cpu=md.query_start_loc_cpu, swa_block_table=w.swa_bt,
                     swa_block_size=SWA_BS,
-                    compressed_block_table=w.c_bt if w.ratio > 1 else None,
-                    compressed_block_size=w.cbs if w.ratio > 1 else None,
+                    compressed_block_table=w.c_bt if w.compressed else None,
+                    compressed_block_size=w.cbs if w.compressed else None,
                     topk_indices=topk, compress_ratio=w.ratio, window_size=WINDOW,
-                    scale=w.scale, attn_sink=w.attn_sink, chunk_plan=plan, max_tokens=md.T)
+                    scale=w.scale, attn_sink=w.attn_sink, chunk_plan=plan, max_tokens=md.T,
+                    swa_only=not w.compressed)
     return out, topk
 
 
@@ -332,8 +363,8 @@ def check_against_oracle(w, md, q, iq, iw, out, topk, topk_rows_local=True):
     mismatches = 0
     for t in range(md.T):
         r, p = md.tok_req[t], md.tok_pos[t]
-        comp = oracle_compressed(w, r, p, iq[t], iw[t])
-        if w.ratio == 4:
+        comp = oracle_compressed(w, r, p, iq[t], iw[t], topk[t] if w.v41 else None)
+        if w.ratio == 4 and not w.v41:
             got = {int(j) for j in topk[t].tolist() if j >= 0}
             if got != set(comp):
                 mismatches += 1

@@ -39,3 +39,34 @@ def test_prefill_chunk_matches_oracle(ratio, seq_lens, qlens):
     out, topk = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw)
     worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
     assert worst <= 2e-2, worst
+
+
+@pytest.mark.parametrize("ratio,seq_lens,next_n", [(1, [700, 300], 1), (2, [1500], 6)])
+def test_v41_decode_step_matches_oracle(ratio, seq_lens, next_n):
+    """DeepSeek-V4.1 ratios: a compressed region at ratio 1 and 2, entries chosen by a
+    supplied top-k (the global-index path with compressed_path="topk")."""
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=8, device="cpu", seed=20 + ratio,
+                      v41=True)
+    md = C.decode_metadata(w, next_n)
+    g = torch.Generator().manual_seed(9)
+    q, iq, iw = C.make_queries(w, md.tok_pos + [0, 0], g)
+    topk = C.v41_topk(w, md.tok_pos + [0, 0], g)
+    out, _ = C.run_decode(w, md, OPS, q, iq, iw, topk_buf=topk)
+    worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    assert n == len(seq_lens) * next_n
+    assert worst <= 2e-2, worst
+    assert any((topk[t] >= 0).sum() > 100 for t in range(n))  # compressed entries attended
+
+
+@pytest.mark.parametrize("ratio,seq_lens,qlens", [(1, [900, 200], [300, 200]),
+                                                 (2, [1200, 260], [64, 9])])
+def test_v41_prefill_chunk_matches_oracle(ratio, seq_lens, qlens):
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=8, device="cpu", seed=30 + ratio,
+                      v41=True)
+    md = C.prefill_metadata(w, qlens)
+    g = torch.Generator().manual_seed(10)
+    q, iq, iw = C.make_queries(w, md.tok_pos, g)
+    topk = C.v41_topk(w, md.tok_pos, g)
+    out, _ = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw, topk=topk)
+    worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    assert worst <= 2e-2, worst

@@ -96,6 +96,47 @@ def test_prefill_chunks(ratio, seq_lens, qlens, heads):
     assert worst <= 2e-2
 
 
+V41_DECODE = [(1, [3000, 700, 1300]), (2, [4100, 2100, 90])]
+V41_PREFILL = [(1, [1700, 150, 600], [300, 150, 33]), (2, [3000, 260, 129], [700, 2, 129])]
+
+
+@pytest.mark.parametrize("heads", [64, 8])
+@pytest.mark.parametrize("next_n", [1, 6])
+@pytest.mark.parametrize("ratio,seq_lens", V41_DECODE)
+def test_v41_decode_step(ratio, seq_lens, next_n, heads):
+    """DeepSeek-V4.1's ratios 1 and 2 (compressed region, supplied top-k) on SM80 code."""
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=heads, device="cuda",
+                      seed=300 + ratio + heads, v41=True)
+    md = C.decode_metadata(w, next_n)
+    g = torch.Generator().manual_seed(next_n + heads + 1)
+    q, iq, iw = C.make_queries(w, md.tok_pos + [0, 0], g)
+    topk = C.v41_topk(w, md.tok_pos + [0, 0], g)
+    out, _ = C.run_decode(w, md, OPS, q, iq, iw, topk_buf=topk)
+    torch.cuda.synchronize()
+    worst, _, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    _log(f"v41 decode ratio={ratio} next_n={next_n} heads={heads}",
+         {"max_rel_err": worst, "tokens": n})
+    assert n == len(seq_lens) * next_n
+    assert worst <= 2e-2
+    assert torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("heads", [64, 8])
+@pytest.mark.parametrize("ratio,seq_lens,qlens", V41_PREFILL)
+def test_v41_prefill_chunks(ratio, seq_lens, qlens, heads):
+    w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=heads, device="cuda",
+                      seed=400 + ratio + heads, v41=True)
+    md = C.prefill_metadata(w, qlens)
+    g = torch.Generator().manual_seed(heads + 2)
+    q, iq, iw = C.make_queries(w, md.tok_pos, g)
+    topk = C.v41_topk(w, md.tok_pos, g)
+    out, _ = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw, topk=topk)
+    torch.cuda.synchronize()
+    worst, _, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    _log(f"v41 prefill ratio={ratio} heads={heads}", {"max_rel_err": worst, "tokens": n})
+    assert worst <= 2e-2
+
+
 @pytest.mark.parametrize("ratio", [4, 128])
 def test_decode_cuda_graph_replay_equals_eager(ratio):
     """Capture the decode step (indexer top-k + index mapping + attention),

@@ -130,21 +130,37 @@ def forward_decode(
     is_valid_token: torch.Tensor | None = None,
     c128_global_indices: torch.Tensor | None = None,  # C128: precomputed
     c128_lens: torch.Tensor | None = None,
+    compressed_path: str | None = None,
 ) -> torch.Tensor:
-    """Decode attention for ``T`` query tokens (1 + speculative per request)."""
+    """Decode attention for ``T`` query tokens (1 + speculative per request).
+
+    ``compressed_path`` says how the compressed entries are chosen: ``"none"``
+    (sliding window only), ``"topk"`` (request-local top-k indices made global
+    through the block table) or ``"precomputed"`` (global indices given). By
+    default it follows DeepSeek-V4's ratios: 1 none, 4 topk, 128 precomputed.
+    DeepSeek-V4.1 passes it (ratio 0 none; ratios 1 and 2 topk)."""
     T = q.shape[0]
+    path = compressed_path or _v4_compressed_path(compress_ratio)
     extra_idx = extra_lens = None
-    if compress_ratio > 1:
-        if compress_ratio == 4:
-            extra_idx, extra_lens = ops.global_topk(
-                topk_local[:T], token_to_req_indices[:T], block_table,
-                compressed_block_size, is_valid_token[:T])
-        else:
-            extra_idx, extra_lens = c128_global_indices, c128_lens
+    if path == "topk":
+        extra_idx, extra_lens = ops.global_topk(
+            topk_local[:T], token_to_req_indices[:T], block_table,
+            compressed_block_size, is_valid_token[:T])
+    elif path == "precomputed":
+        extra_idx, extra_lens = c128_global_indices, c128_lens
+    elif path != "none":
+        raise ValueError(f"compressed_path must be none, topk or precomputed, got {path!r}")
     ops.decode(q.unsqueeze(1), swa_cache, swa_indices[:T], swa_lens[:T],
-               compressed_cache if compress_ratio > 1 else None, extra_idx, extra_lens,
+               compressed_cache if path != "none" else None, extra_idx, extra_lens,
                attn_sink, scale, out.unsqueeze(1))
     return out
+
+
+def _v4_compressed_path(compress_ratio: int) -> str:
+    """DeepSeek-V4's meaning of its compress ratios (1: SWA only, 4: C4, 128: C128)."""
+    if compress_ratio <= 1:
+        return "none"
+    return "topk" if compress_ratio == 4 else "precomputed"
 
 
 def forward_prefill(
@@ -170,10 +186,13 @@ def forward_prefill(
     attn_sink: torch.Tensor,
     chunk_plan: list[tuple[int, int, int, int]],
     max_tokens: int | None = None,
+    swa_only: bool | None = None,
 ) -> torch.Tensor:
     """Prefill: per chunk of requests, gather compressed (offset 0) and window
-    (offset N) entries into a bf16 workspace, combine indices, attend."""
-    swa_only = compress_ratio <= 1
+    (offset N) entries into a bf16 workspace, combine indices, attend.
+    ``swa_only`` defaults to DeepSeek-V4's meaning (ratio <= 1); DeepSeek-V4.1
+    passes it (only ratio 0 is SWA-only there; ratio 1 has a compressed region)."""
+    swa_only = compress_ratio <= 1 if swa_only is None else swa_only
     top_k = 0 if swa_only else topk_indices.shape[-1]
     width = ((top_k + window_size + 127) // 128) * 128
     D = q.shape[-1]
@@ -200,14 +219,17 @@ def forward_prefill(
 
 
 def plan_prefill_chunks(seq_lens_cpu: list[int], compress_ratio: int, window_size: int,
-                        chunk_size: int = 4, max_query_lens: list[int] | None = None):
+                        chunk_size: int = 4, max_query_lens: list[int] | None = None,
+                        swa_only: bool | None = None):
     """(start, end, N, M) per chunk of ``chunk_size`` requests: N = max
     compressed entries in the chunk (0 for SWA-only), M = N + window + max
-    query length (the workspace rows per request)."""
+    query length (the workspace rows per request). ``swa_only`` as in
+    ``forward_prefill``."""
+    swa_only = compress_ratio <= 1 if swa_only is None else swa_only
     plan = []
     for c0 in range(0, len(seq_lens_cpu), chunk_size):
         c1 = min(len(seq_lens_cpu), c0 + chunk_size)
-        n = 0 if compress_ratio <= 1 else max(s // compress_ratio for s in seq_lens_cpu[c0:c1])
+        n = 0 if swa_only else max(s // compress_ratio for s in seq_lens_cpu[c0:c1])
         qmax = max(max_query_lens[c0:c1]) if max_query_lens else max(seq_lens_cpu[c0:c1])
         plan.append((c0, c1, n, n + window_size + qmax))
     return plan
