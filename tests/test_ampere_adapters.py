@@ -27,8 +27,8 @@ def _tree():
     return None
 
 
-@pytest.fixture(scope="module")
-def results():
+def _run_check(script: str) -> dict:
+    """Run tests/<script> against the tree in a subprocess; its RESULT line as a dict."""
     pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
     tree = _tree()
     if tree is None:
@@ -36,7 +36,7 @@ def results():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=str(tree))
     python = os.environ.get("DEEPINFER_VLLM_PYTHON", sys.executable)
-    proc = subprocess.run([python, str(ROOT / "tests" / "ampere_adapters_check.py")],
+    proc = subprocess.run([python, str(ROOT / "tests" / script)],
                           capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     m = re.search(r"No module named '([^']+)'", proc.stderr)
@@ -45,6 +45,16 @@ def results():
                     "(set DEEPINFER_VLLM_PYTHON to an interpreter that has them)")
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def results():
+    return _run_check("ampere_adapters_check.py")
+
+
+@pytest.fixture(scope="module")
+def v41_results():
+    return _run_check("ampere_v41_adapter_check.py")
 
 
 def test_padded_heads_hit_c_instantiations(results):
@@ -79,3 +89,28 @@ def test_compressor_store_bytes(results, ratio):
 
 def test_indexer_adapter_decode_sets(results):
     assert results["indexer_decode_adapter"]
+
+
+# ---------------------------------------------------- DeepSeek-V4.1 (not selected yet)
+
+
+def test_v41_backend_swa_builder_and_heads(v41_results):
+    r = v41_results
+    assert r["backend_name"] == "AMPERE_SPARSE_DSV41"
+    assert r["backend_caps"] == {"8.0": True, "8.6": True, "9.0": False, "10.0": False,
+                                 "12.0": False}
+    assert r["tile_scheduler_all_none"] and {"swaonly", "c1a", "c2a"} <= set(
+        r["tile_scheduler_keys"])
+    assert r["padded_heads"] == {"8": 8, "16": 16, "32": 32, "64": 64}
+    assert r["abstract_methods"] == []  # instantiable: every abstract hook implemented
+
+
+@pytest.mark.parametrize("step", ["decode", "prefill"])
+@pytest.mark.parametrize("ratio", [0, 1, 2])
+def test_v41_forward_mqa_matches_oracle(v41_results, ratio, step):
+    """The adapter's forward_mqa with vLLM-shaped V4.1 metadata (compressed cache and
+    block table from the kv-source layer's prefix, top-k from the shared buffer), portable
+    ops on the CPU, against the float64 oracle."""
+    r = v41_results[f"{step}_ratio{ratio}"]
+    assert r["tokens"] > 0 and r["max_rel_err"] <= 2e-2, r
+    assert (r["compressed_attended"] > 0) == (ratio > 0), r

@@ -1,0 +1,141 @@
+"""Checks of the DeepSeek-V4.1 Ampere attention adapter (not selected yet) against a vLLM
+source tree, run in a subprocess by tests/test_ampere_adapters.py with the tree first on
+sys.path. The overlay modules are loaded from overlay/vllm/... under their vLLM module
+names. ``forward_mqa`` runs on the CPU with the portable ops on a V4.1 layer world
+(tests/layer_cases.py, ``v41=True``) and vLLM-shaped metadata, against the float64 oracle.
+Prints one JSON line."""
+
+import importlib.util
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(1, os.path.join(ROOT, "overlay"))
+sys.path.insert(1, HERE)
+
+import torch  # noqa: E402
+
+
+def load_overlay(rel: str):
+    """overlay/vllm/<rel>.py as module vllm.<rel with dots>."""
+    name = "vllm." + rel.replace("/", ".")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "overlay", "vllm", rel + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fake_layer(mod, w, ratio: int, topk_buf: torch.Tensor):
+    """A V4.1 Ampere attention layer with only what forward_mqa reads set."""
+    from deepinfer_sm80.ampere import layer as L
+    import layer_cases as C
+
+    A = mod.DeepseekV41AmpereSparseAttention
+    layer = object.__new__(A)
+    torch.nn.Module.__init__(layer)
+    layer.compress_ratio = ratio
+    layer.compressed_cache_prefix = None if ratio == 0 else "model.layers.2.attn"  # kv source
+    layer.swa_cache_layer = SimpleNamespace(prefix="model.layers.5.attn.swa",
+                                            kv_cache=w.swa_cache)
+    layer._compressed_kv_cache = lambda: w.c_cache
+    layer.topk_indices_buffer = topk_buf
+    layer.window_size, layer.scale, layer.attn_sink = C.WINDOW, w.scale, w.attn_sink
+    layer.PREFILL_CHUNK_SIZE, layer.max_num_batched_tokens = 4, topk_buf.shape[0]
+    layer._ampere_ops = L.resolve_ops("cpu")
+    return layer
+
+
+def swa_metadata(w, md, *, decode: bool):
+    """DeepseekSparseSWAMetadata-shaped namespace for an all-decode or all-prefill batch."""
+    from deepinfer_sm80.ampere.layer import plan_prefill_chunks
+    import layer_cases as C
+
+    n = w.nreq
+    common = dict(block_table=w.swa_bt, block_size=C.SWA_BS)
+    if decode:
+        return SimpleNamespace(
+            num_decodes=n, num_decode_tokens=md.T, num_prefills=0, num_prefill_tokens=0,
+            decode_swa_indices=md.swa_indices, decode_swa_lens=md.swa_lens,
+            token_to_req_indices=md.token_to_req, is_valid_token=md.is_valid, **common)
+
+    def plan(compress_ratio, prefill_chunk_size, has_compressed=None):
+        return plan_prefill_chunks(list(w.seq_lens), compress_ratio, C.WINDOW,
+                                   chunk_size=prefill_chunk_size,
+                                   max_query_lens=md.query_lens, swa_only=not has_compressed)
+
+    return SimpleNamespace(
+        num_decodes=0, num_decode_tokens=0, num_prefills=n, num_prefill_tokens=md.T,
+        prefill_seq_lens=md.seq_lens, prefill_gather_lens=md.gather_lens,
+        query_start_loc=md.query_start_loc, query_start_loc_cpu=md.query_start_loc_cpu,
+        get_prefill_chunk_plan=plan, **common)
+
+
+def run_case(mod, ratio: int, decode: bool) -> dict:
+    from deepinfer_sm80.ampere import layer as L
+    import layer_cases as C
+
+    seq_lens = [900, 300] if decode else [700, 260]
+    w = C.build_world(ratio=max(ratio, 1), seq_lens=seq_lens, heads=8, device="cpu",
+                      seed=40 + ratio + decode, v41=ratio > 0)
+    g = torch.Generator().manual_seed(11 + ratio)
+    if decode:
+        md = C.decode_metadata(w, 2)
+        positions = md.tok_pos + [0, 0]
+    else:
+        md = C.prefill_metadata(w, [200, 9])
+        positions = md.tok_pos
+    q, iq, iw = C.make_queries(w, positions, g)
+    topk = (C.v41_topk(w, positions, g) if ratio > 0
+            else torch.full((len(positions), C.TOPK), -1, dtype=torch.int32))
+    layer = fake_layer(mod, w, ratio, topk)
+    swa_md = swa_metadata(w, md, decode=decode)
+    mla_md = None if ratio == 0 else SimpleNamespace(
+        block_table=w.c_bt, block_size=w.cbs * ratio)  # the kernel block, in tokens
+    metadata = {layer.swa_cache_layer.prefix: swa_md}
+    if mla_md is not None:
+        metadata[layer.compressed_cache_prefix] = mla_md
+    mod.get_forward_context = lambda: SimpleNamespace(attn_metadata=metadata)
+
+    class Workspace(L.Workspace):  # the shared vLLM workspace's role, on the CPU
+        def __init__(self, max_tokens, combined_topk):
+            super().__init__()
+
+    mod._VllmPrefillWorkspace = Workspace
+    out = torch.full_like(q, float("nan"))
+    layer.forward_mqa(q, None, None, out)
+    worst, _, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    return {"max_rel_err": worst, "tokens": n,
+            "compressed_attended": int(sum(int((topk[t] >= 0).sum()) for t in range(n)))}
+
+
+def main():
+    res = {}
+    mod = load_overlay("models/deepseek_v41/nvidia/ampere_sparse")
+    A = mod.DeepseekV41AmpereSparseAttention
+    from vllm.platforms.interface import DeviceCapability
+
+    be = mod.DeepseekV41AmpereSparseMLABackend
+    res["backend_name"] = be.get_name()
+    res["backend_caps"] = {f"{m}.{n}": be.supports_compute_capability(DeviceCapability(m, n))
+                           for m, n in ((8, 0), (8, 6), (9, 0), (10, 0), (12, 0))}
+    b = object.__new__(mod.DeepseekSparseSWAAmpereV41MetadataBuilder)
+    sched = b.build_tile_scheduler(7)
+    res["tile_scheduler_all_none"] = bool(sched) and all(v is None for v in sched.values())
+    res["tile_scheduler_keys"] = sorted(sched)
+    res["padded_heads"] = {n: A.get_padded_num_q_heads(n) for n in (8, 16, 32, 64)}
+    res["abstract_methods"] = sorted(getattr(A, "__abstractmethods__", ()))
+    for ratio in (0, 1, 2):
+        for decode in (True, False):
+            res[f"{'decode' if decode else 'prefill'}_ratio{ratio}"] = run_case(mod, ratio, decode)
+    print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
