@@ -9,6 +9,7 @@ import pytest
 from deepinfer import apply as ap
 from deepinfer import manifest as mf
 from deepinfer import source
+from deepinfer.export import export
 from deepinfer.console import DeepinferError
 from deepinfer.gittree import BASE_REF, GitTree
 from tool_synth import (VERSION, SynthProject, edit_line, git, make_patch, sha256,
@@ -234,6 +235,21 @@ def test_change_amended_into_the_overlay_commit_is_refused_not_lost(synth):
     assert res.changed and (synth.tree / "vllm/gamma.py").read_text() != "amended by user\n"
     diffs = list(synth.build.glob(f"vllm-{VERSION}.force-backup-*/unsaved-committed.diff"))
     assert len(diffs) == 1 and "+amended by user" in diffs[0].read_text()
+
+
+def test_exported_commit_with_a_changed_overlay_rebuilds(synth):
+    """The normal loop (commit in the tree, `make export`) while overlay/ also changed in
+    the repository: the overlay files differ from HEAD's, but that is an input change,
+    not an unsaved edit; apply rebuilds."""
+    _apply(synth)
+    (synth.tree / "vllm/gamma.py").write_text("committed by user\n")
+    git(synth.tree, "commit", "-qam", "User change\n\nWhy it matters.")
+    export(VERSION, root=synth.root)
+    (synth.root / "overlay/vllm/sm80_extra.py").write_text("EXTRA = 5\n")
+    res = _apply(synth)
+    assert res.changed
+    assert (synth.tree / "vllm/gamma.py").read_text() == "committed by user\n"
+    assert (synth.tree / "vllm/sm80_extra.py").read_text() == "EXTRA = 5\n"
 
 
 @pytest.mark.parametrize("stage", ["source", "base", "patch", "swap"])

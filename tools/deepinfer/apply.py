@@ -364,9 +364,19 @@ def inspect_tree(tree: GitTree, state: dict, ps: PatchSet) -> TreeProblems:
             # Export skips the overlay commit, so the patch files can match while a commit
             # carries more (e.g. `git commit --amend` onto the overlay commit). Compare
             # HEAD's tree with what the inputs build.
-            want, _ = expected_tree(tree, base, ps, overlay_files(ps.directory.parents[1]))
+            overlay = overlay_files(ps.directory.parents[1])
+            want, _ = expected_tree(tree, base, ps, overlay)
             if want is not None and want != g.tree_of(tree, "HEAD"):
-                probs.unsaved_paths = tree.changed_paths(want, "HEAD")
+                diff = tree.changed_paths(want, "HEAD")
+                # Overlay-managed files also differ when overlay/ or csrc/ changed in the
+                # repository since apply (an input change, rebuilt on purpose): count them
+                # only where HEAD differs from what apply wrote.
+                managed = {f.tree_path for f in overlay}
+                try:
+                    edited = set(tree.changed_paths(state["head"], "HEAD"))
+                except (DeepinferError, KeyError):
+                    edited = set(diff)
+                probs.unsaved_paths = [p for p in diff if p not in managed or p in edited]
                 probs.expected = want
                 probs.apply_head = state.get("head")
                 same = not probs.unsaved_paths
