@@ -4,6 +4,7 @@ Imports nothing but torch."""
 
 import torch
 
+from deepinfer_sm80.ampere import indexer as I
 from deepinfer_sm80.reference.writers import e4m3_encode_ref
 
 
@@ -27,3 +28,108 @@ def logits64(q64, w64, k64, ks64):
     """q [T, H, D], w [T, H], k [N, D], ks [N] (float64) -> [T, N]."""
     s = torch.einsum("thd,nd->thn", q64, k64).clamp(min=0)
     return (s * w64.unsqueeze(-1)).sum(1) * ks64
+
+
+
+def _oracle_candidates(L, n, bs, k):
+    """The K best visible blocks of one row by (max score desc, block asc), the newest
+    pinned first; -1 after."""
+    nb = -(-n // bs)
+    score = {b: max(float(L[j]) for j in range(b * bs, min(n, (b + 1) * bs))) for b in range(nb)}
+    if nb:
+        score[nb - 1] = float("inf")
+    order = sorted(score, key=lambda b: (-score[b], b))[:k]
+    return order + [-1] * (k - len(order))
+
+
+def _oracle_masked_topk(L, n, blocks, bs, k):
+    keep = {b for b in blocks if b >= 0}
+    cols = [j for j in range(n) if j // bs in keep]
+    cols.sort(key=lambda j: (-float(L[j]), j))
+    return set(cols[:k])
+
+
+def _prefill_case(g, dev):
+    T, H, D, N = 29, 8, 128, 400
+    qc, q64 = dyadic_fp8((T, H, D), g)
+    kc, k64 = dyadic_fp8((N, D), g)
+    w64 = dyadic_weights((T, H), g)
+    ks64 = k_scales(N, g)
+    ks = torch.tensor([0] * 15 + [180] * 14)
+    ke = torch.tensor([min(180, 1 + 12 * t) for t in range(15)] + [180 + 3 + 15 * t for t in range(14)])
+    L = logits64(q64, w64, k64, ks64)
+    local = [L[t, int(ks[t]):int(ke[t])] for t in range(T)]
+    return (qc.to(dev), w64.float().to(dev), kc.to(dev), ks64.float().to(dev), ks.to(dev),
+            ke.to(dev), local)
+
+
+def check_prefill_candidate_write(dev, row_chunk):
+    g = torch.Generator().manual_seed(5)
+    qc, w, kc, ksc, ks, ke, local = _prefill_case(g, dev)
+    T, K, bs, nblk = qc.shape[0], 16, 8, 5
+    plain = torch.full((T, K), -7, dtype=torch.int32, device=dev)
+    I.prefill_topk(qc, w, kc, ksc, ks, ke, K, plain, row_chunk=row_chunk)
+    cand = torch.full((T, nblk), -7, dtype=torch.int32, device=dev)
+    out = torch.full((T, K), -7, dtype=torch.int32, device=dev)
+    I.prefill_topk(qc, w, kc, ksc, ks, ke, K, out, row_chunk=row_chunk,
+                   candidates=I.CandidateStep(cand, bs, write=True), tile_budget=8192)
+    assert torch.equal(out, plain)  # the source layer's own top-k is unaffected
+    cand = cand.cpu()
+    for t in range(T):
+        assert cand[t].tolist() == _oracle_candidates(local[t], local[t].numel(), bs, nblk), t
+
+
+def check_prefill_candidate_mask(dev, row_chunk):
+    g = torch.Generator().manual_seed(6)
+    qc, w, kc, ksc, ks, ke, local = _prefill_case(g, dev)
+    T, K, bs = qc.shape[0], 16, 8
+    cand = torch.randint(-1, 40, (T, 6), generator=g, dtype=torch.int32)  # some beyond visible
+    out = torch.full((T, K), -7, dtype=torch.int32, device=dev)
+    I.prefill_topk(qc, w, kc, ksc, ks, ke, K, out, row_chunk=row_chunk,
+                   candidates=I.CandidateStep(cand.to(dev), bs, write=False), tile_budget=8192)
+    out = out.cpu()
+    masked = 0
+    for t in range(T):
+        n = local[t].numel()
+        want = _oracle_masked_topk(local[t], n, cand[t].tolist(), bs, K)
+        got = {j for j in out[t].tolist() if j >= 0}
+        assert got == want, t
+        assert sum(j >= 0 for j in out[t].tolist()) == len(want)
+        masked += len(want) < min(n, K)
+    assert masked > 0  # the mask really removed positions
+
+
+def check_decode_candidates(dev, write):
+    g = torch.Generator().manual_seed(7)
+    B, NN, H, D, bs, K, nblk, cbs = 3, 2, 8, 128, 64, 24, 4, 16
+    nb, maxb = 12, 4
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
+    qc, q64 = dyadic_fp8((B, NN, H, D), g)
+    w64 = dyadic_weights((B * NN, H), g)
+    ctx = torch.tensor([[150, 151], [40, 41], [255, 256]])
+    if write:
+        cand = torch.full((B * NN, nblk), -7, dtype=torch.int32)
+    else:
+        cand = torch.randint(-1, 18, (B * NN, nblk), generator=g, dtype=torch.int32)
+    out = torch.full((B * NN, K), -7, dtype=torch.int32, device=dev)
+    cand_dev = cand.to(dev)
+    I.decode_topk(qc.to(dev), w64.float().to(dev), pages.to(dev), ctx.to(dev), bt.to(dev), bs,
+                  K, out, pages_per_tile=1, candidates=I.CandidateStep(cand_dev, cbs, write=write))
+    out, cand = out.cpu(), cand_dev.cpu()
+    for b in range(B):
+        kv64 = torch.cat([vals[int(p)] for p in bt[b]])
+        ks64 = torch.cat([sc[int(p)] for p in bt[b]])
+        L = logits64(q64[b], w64[b * NN:(b + 1) * NN], kv64, ks64)
+        for i in range(NN):
+            r, n = b * NN + i, int(ctx[b, i])
+            if write:
+                assert cand[r].tolist() == _oracle_candidates(L[i], n, cbs, nblk), r
+                want = I.reference_topk_sets(L[i:i + 1], torch.arange(L.shape[1]).unsqueeze(0) < n, K)[0]
+            else:
+                want = _oracle_masked_topk(L[i], n, cand[r].tolist(), cbs, K)
+            assert {j for j in out[r].tolist() if j >= 0} == want, r

@@ -9,7 +9,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "overlay"))
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
-from indexer_cases import dyadic_fp8, dyadic_weights, k_scales, logits64  # noqa: E402
+from indexer_cases import (check_decode_candidates, check_prefill_candidate_mask,  # noqa: E402
+                           check_prefill_candidate_write, dyadic_fp8, dyadic_weights,
+                           k_scales, logits64)
 
 
 def test_order_keys_total_order_and_ties():
@@ -86,3 +88,22 @@ def test_decode_topk_paged_matches_oracle_sets(next_n):
             assert {j for j in got if j >= 0} == want[i]
             n = int(valid[i].sum())
             assert sum(j >= 0 for j in got) == min(n, K)
+
+
+# ------------------------------------------ DeepSeek-V4.1 two-level (candidate) selection
+# (checks in indexer_cases.py, shared with tests/gpu/test_ampere_indexer_gpu.py)
+
+
+@pytest.mark.parametrize("row_chunk", [256, 4])
+def test_prefill_candidate_write_matches_oracle(row_chunk):
+    check_prefill_candidate_write("cpu", row_chunk)
+
+
+@pytest.mark.parametrize("row_chunk", [256, 4])
+def test_prefill_candidate_mask_matches_oracle(row_chunk):
+    check_prefill_candidate_mask("cpu", row_chunk)
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_decode_candidates_match_oracle(write):
+    check_decode_candidates("cpu", write)

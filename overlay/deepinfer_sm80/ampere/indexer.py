@@ -44,6 +44,75 @@ def order_keys(logits: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor) ->
     return torch.where(valid, key, torch.full_like(key, INT64_MIN))
 
 
+def key_scores(keys: torch.Tensor) -> torch.Tensor:
+    """fp32 scores of ``order_keys`` keys (the inverse map); INT64_MIN -> -inf."""
+    ordered = keys >> 32
+    bits = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(torch.int32)
+    return torch.where(keys == INT64_MIN, float("-inf"), bits.view(torch.float32))
+
+
+class CandidateStep:
+    """DeepSeek-V4.1's two-level selection for the rows of one scoring call
+    (upstream ``sparse_attn_indexer.py`` :738-761 prefill, :895-921 decode; kernels
+    ``select_candidate_blocks`` / ``apply_candidate_mask``). Blocks are
+    ``block_size`` consecutive request-local compressed positions.
+
+    * ``write=True`` (the candidate-source layer): after scoring, ``blocks`` [rows, K]
+      receives the row's K best blocks by maximum score, the newest visible block
+      pinned first, -1 after the visible ones; the row's own top-k is unaffected.
+    * ``write=False`` (later indexers): the row's top-k only considers positions in
+      its listed blocks.
+
+    Ties between equal block maxima go to the lower block (upstream leaves them to
+    ``torch.topk``); NaN scores count as -inf (upstream propagates them). Listed
+    blocks at or beyond the row's visible length select nothing (upstream keeps its
+    logits' last column for those; the source layer, seeing the same row, never
+    lists one)."""
+
+    def __init__(self, blocks: torch.Tensor, block_size: int, write: bool) -> None:
+        if block_size <= 0 or blocks.dim() != 2:
+            raise ValueError("candidate blocks must be [rows, K] with block_size > 0")
+        self.blocks, self.block_size, self.write = blocks, block_size, write
+
+    def begin(self, r0: int, r1: int, visible: torch.Tensor, width: int) -> None:
+        """Rows [r0, r1) seeing ``visible`` [r1 - r0] positions, at most ``width``."""
+        self.r0, self.r1 = r0, r1
+        self.visible = visible.to(torch.int64)
+        nb = max(1, -(-width // self.block_size))
+        dev = visible.device
+        if self.write:
+            self.best = torch.full((r1 - r0, nb), float("-inf"), device=dev)
+        else:
+            ids = self.blocks[r0:r1].to(torch.int64)
+            ids = torch.where((ids >= 0) & (ids < nb), ids, nb)  # nb: a slot nothing reads
+            self.keep = torch.zeros((r1 - r0, nb + 1), dtype=torch.bool, device=dev)
+            self.keep.scatter_(1, ids, True)
+            self.keep[:, nb] = False
+
+    def tile(self, keys: torch.Tensor) -> torch.Tensor:
+        """One tile's keys (index = request-local position) -> the keys top-k merges."""
+        local = keys_to_indices(keys).to(torch.int64)
+        blk = torch.where(local >= 0, local // self.block_size, 0)
+        if self.write:
+            nb = self.best.shape[1]
+            self.best.scatter_reduce_(1, blk.clamp(max=nb - 1), key_scores(keys), "amax")
+            return keys
+        keep = self.keep.gather(1, blk.clamp(max=self.keep.shape[1] - 1)) & (local >= 0)
+        return torch.where(keep, keys, torch.full_like(keys, INT64_MIN))
+
+    def finish(self) -> None:
+        if not self.write:
+            return
+        nb = self.best.shape[1]
+        k = self.blocks.shape[1]
+        newest = (self.visible - 1).clamp(min=0) // self.block_size
+        has = (self.visible > 0).unsqueeze(1)
+        ids = torch.arange(nb, device=self.best.device).unsqueeze(0)
+        best = torch.where(has & (ids == newest.unsqueeze(1)), float("inf"), self.best)
+        keys = order_keys(best, ids, best > float("-inf"))
+        self.blocks[self.r0:self.r1, :k] = keys_to_indices(merge_topk(None, keys, k))
+
+
 def keys_to_indices(keys: torch.Tensor) -> torch.Tensor:
     idx = _LOW_MASK - (keys & _LOW_MASK)
     return torch.where(keys == INT64_MIN, torch.full_like(idx, -1), idx).to(torch.int32)
@@ -104,8 +173,10 @@ def prefill_topk(
     row_chunk: int = 256,
     tile_budget: int = DEFAULT_TILE_BUDGET,
     scorer: str = "auto",
+    candidates: CandidateStep | None = None,
 ) -> torch.Tensor:
     """Ragged prefill scoring + top-k into ``out`` [T, >=topk] int32.
+    ``candidates``: DeepSeek-V4.1's two-level selection (rows aligned with ``out``).
 
     ``q_fp8`` [T, H, D] FP8 codes; ``weights`` [T, H] fp32 (q scale folded in);
     ``k_fp8`` [Nk, D] FP8 codes and ``k_scale`` [Nk] fp32 of the gathered
@@ -132,6 +203,8 @@ def prefill_topk(
         c0 = int(ks.min())
         c1 = int(ke.max())
         best = None
+        if candidates is not None:
+            candidates.begin(r0, r1, (ke - ks).clamp(min=0), max(1, int((ke - ks).max())))
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
             buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
@@ -151,7 +224,11 @@ def prefill_topk(
                 cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
                 valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
                 keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
+            if candidates is not None:
+                keys = candidates.tile(keys)
             best = merge_topk(best, keys, topk)
+        if candidates is not None:
+            candidates.finish()
         out[r0:r1, :topk] = keys_to_indices(best)
     return out
 
@@ -178,8 +255,10 @@ def decode_topk(
     pages_per_tile: int | None = None,
     tile_budget: int = DEFAULT_TILE_BUDGET,
     scorer: str = "auto",
+    candidates: CandidateStep | None = None,
 ) -> torch.Tensor:
     """Paged decode scoring + top-k into ``out`` [B * next_n, >= topk] int32.
+    ``candidates``: DeepSeek-V4.1's two-level selection (rows aligned with ``out``).
 
     ``q_fp8`` [B, next_n, H, D]; ``weights`` [B * next_n, H] fp32;
     ``kv_cache`` indexer pages; ``context_lens`` [B] or [B, next_n] (number of
@@ -195,6 +274,8 @@ def decode_topk(
         ctx = ctx[:, -1:].expand(B, NN)
     maxb = block_table.shape[1]
     best = None
+    if candidates is not None:
+        candidates.begin(0, rows, ctx.reshape(rows), maxb * block_size)
     if _use_triton(scorer, q_fp8):
         from .indexer_triton import mqa_logits_tile
 
@@ -214,7 +295,11 @@ def decode_topk(
             keys = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
                                    pages=kv_cache, block_table=bt32, row_req=row_req,
                                    block_size=block_size)[:, : t1 - t0]
+            if candidates is not None:
+                keys = candidates.tile(keys)
             best = merge_topk(best, keys, topk)
+        if candidates is not None:
+            candidates.finish()
         out[:rows, :topk] = keys_to_indices(best)
         return out
     codes, scales = split_indexer_pages(kv_cache, block_size, D)
@@ -233,7 +318,11 @@ def decode_topk(
         cols = torch.arange(p0 * block_size, p1 * block_size, device=dev)
         valid = cols.view(1, 1, -1) < ctx.unsqueeze(-1)
         keys = order_keys(s.reshape(rows, -1), cols.unsqueeze(0), valid.reshape(rows, -1))
+        if candidates is not None:
+            keys = candidates.tile(keys)
         best = merge_topk(best, keys, topk)
+    if candidates is not None:
+        candidates.finish()
     out[:rows, :topk] = keys_to_indices(best)
     return out
 
