@@ -115,9 +115,66 @@ def run_case(mod, ratio: int, decode: bool) -> dict:
             "compressed_attended": int(sum(int((topk[t] >= 0).sum()) for t in range(n)))}
 
 
+def check_indexer_candidates(write: bool) -> dict:
+    """V4's AmpereSparseAttnIndexer as V4.1 builds it (candidate blocks), on a decode batch
+    with vLLM-shaped metadata: the candidate rows (write) or the masked top-k sets (mask)
+    equal the float64 oracle's."""
+    from indexer_cases import (_oracle_candidates, _oracle_masked_topk, dyadic_fp8,
+                               dyadic_weights, k_scales, logits64)
+
+    mi = sys.modules["vllm.models.deepseek_v4.nvidia.ampere_indexer"]
+    g = torch.Generator().manual_seed(12 + write)
+    B, NN, H, D, bs, nb, K, cbs, nblk = 3, 2, 32, 128, 64, 8, 48, 8, 6
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    raw = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    raw[:, : bs * D] = codes.view(nb, -1)
+    raw[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    bt = torch.tensor([[3, 1], [0, 5], [7, 2]], dtype=torch.int32)
+    seq = torch.tensor([[90, 91], [30, 31], [127, 128]], dtype=torch.int32)
+    q, q64 = dyadic_fp8((B * NN, H, D), g)
+    w64 = dyadic_weights((B * NN, H), g)
+    buf = torch.full((B * NN + 2, K), 7, dtype=torch.int32)
+    cand = (torch.full((B * NN + 2, nblk), -7, dtype=torch.int32) if write
+            else torch.randint(-1, 17, (B * NN + 2, nblk), generator=g, dtype=torch.int32))
+    op = object.__new__(mi.AmpereSparseAttnIndexer)
+    torch.nn.Module.__init__(op)
+    op.k_cache = SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=raw.view(nb, bs, 132))
+    op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, K, D
+    op.max_total_seq_len = 1024
+    op.candidate_blocks, op.candidate_block_size, op.candidate_write = cand, cbs, write
+    md = SimpleNamespace(num_prefills=0, num_decodes=B, num_decode_tokens=B * NN, prefill=None,
+                         decode=SimpleNamespace(decode_lens=torch.full((B,), NN), seq_lens=seq,
+                                                requires_padding=False, block_table=bt))
+    mi.get_forward_context = lambda: SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})
+    op._forward(torch.zeros(B * NN + 2, 16), q.view(torch.float8_e4m3fn), None, w64.float())
+    ok = True
+    for b in range(B):
+        kv = torch.cat([vals[int(p)] for p in bt[b]])
+        ks = torch.cat([sc[int(p)] for p in bt[b]])
+        L = logits64(q64[b * NN:(b + 1) * NN], w64[b * NN:(b + 1) * NN], kv, ks)
+        for i in range(NN):
+            r, n = b * NN + i, int(seq[b, i])
+            got = {j for j in buf[r].tolist() if j >= 0}
+            if write:
+                ok &= cand[r].tolist() == _oracle_candidates(L[i], n, cbs, nblk)
+            else:
+                ok &= got == _oracle_masked_topk(L[i], n, cand[r].tolist(), cbs, K)
+    ok &= bool((cand[B * NN:] == -7).all()) if write else True  # rows past the batch untouched
+    return {"ok": bool(ok)}
+
+
 def main():
     res = {}
+    # the working copy's V4 overlay modules, which the V4.1 ones import
+    for rel in ("ampere_ops", "ampere_indexer", "ampere_sparse"):
+        load_overlay(f"models/deepseek_v4/nvidia/{rel}")
     mod = load_overlay("models/deepseek_v41/nvidia/ampere_sparse")
+    idx = load_overlay("models/deepseek_v41/nvidia/ampere_indexer")
+    res["indexer_cls"] = mod.DeepseekV41AmpereSparseAttention._indexer_cls(None, None).__name__
+    res["indexer_attn_cls"] = idx.DeepseekV41AmpereIndexer.attn_cls.__name__
+    res["indexer_candidates_write"] = check_indexer_candidates(True)
+    res["indexer_candidates_mask"] = check_indexer_candidates(False)
     A = mod.DeepseekV41AmpereSparseAttention
     from vllm.platforms.interface import DeviceCapability
 

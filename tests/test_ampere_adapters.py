@@ -114,3 +114,10 @@ def test_v41_forward_mqa_matches_oracle(v41_results, ratio, step):
     r = v41_results[f"{step}_ratio{ratio}"]
     assert r["tokens"] > 0 and r["max_rel_err"] <= 2e-2, r
     assert (r["compressed_attended"] > 0) == (ratio > 0), r
+
+
+def test_v41_indexer_is_the_ampere_scorer_with_candidates(v41_results):
+    assert v41_results["indexer_cls"] == "DeepseekV41AmpereIndexer"
+    assert v41_results["indexer_attn_cls"] == "AmpereSparseAttnIndexer"
+    assert v41_results["indexer_candidates_write"]["ok"]
+    assert v41_results["indexer_candidates_mask"]["ok"]

@@ -35,10 +35,18 @@ from vllm.v1.worker.workspace import current_workspace_manager
 class AmpereSparseAttnIndexer(SparseAttnIndexer):
     """Scores and selects top-k for the FP8 indexer cache without DeepGEMM."""
 
+    # DeepSeek-V4.1's two-level selection; V4 (and instances built without
+    # __init__, as in tests) has none.
+    candidate_blocks: torch.Tensor | None = None
+    candidate_block_size = 0
+    candidate_write = False
+
     def __init__(self, k_cache, quant_block_size: int, scale_fmt: str, topk_tokens: int,
                  head_dim: int, max_model_len: int, max_total_seq_len: int,
                  topk_indices_buffer: torch.Tensor, skip_k_cache_insert: bool = False,
-                 use_fp4_cache: bool = False, compress_ratio: int = 1, **unsupported: Any):
+                 use_fp4_cache: bool = False, compress_ratio: int = 1,
+                 candidate_blocks: torch.Tensor | None = None, candidate_block_size: int = 0,
+                 candidate_write: bool = False, **unsupported: Any):
         # SparseAttnIndexer.__init__ refuses CUDA without DeepGEMM; set the
         # same attributes without that check.
         CustomOp.__init__(self)
@@ -57,11 +65,25 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
         self.skip_k_cache_insert = skip_k_cache_insert
         self.use_fp4_cache = False
         self.compress_ratio = compress_ratio
-        self.candidate_blocks = None
+        # DeepSeek-V4.1's two-level selection (None for V4): the candidate-source
+        # indexer writes its best blocks per token here, later indexers mask to them.
+        if candidate_blocks is not None and candidate_block_size <= 0:
+            raise ValueError("candidate_blocks needs candidate_block_size > 0")
+        self.candidate_blocks = candidate_blocks
+        self.candidate_block_size = candidate_block_size
+        self.candidate_write = candidate_write
         self.dense_mha_metadata_layer_name = ""
         parallel = get_current_vllm_config().parallel_config
         if parallel.decode_context_parallel_size > 1 or parallel.prefill_context_parallel_size > 1:
             raise ValueError("DeepSeek-V4 on SM80: context parallelism is not supported")
+
+    def _candidates(self, r0: int, r1: int) -> ampere_indexer.CandidateStep | None:
+        """The candidate step for token rows [r0, r1) (upstream slices the buffer the same
+        way: prefill chunk rows, decode rows in their packed layout)."""
+        if self.candidate_blocks is None:
+            return None
+        return ampere_indexer.CandidateStep(self.candidate_blocks[r0:r1],
+                                            self.candidate_block_size, self.candidate_write)
 
     def forward_native(self, hidden_states, q_quant, k, weights):
         return self._forward(hidden_states, q_quant, k, weights)
@@ -106,7 +128,8 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
                     continue
                 ampere_indexer.prefill_topk(
                     q_u8[r0:r1], weights[r0:r1], k_q, k_s.view(torch.float32).view(-1),
-                    chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, topk, buf[r0:r1])
+                    chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, topk, buf[r0:r1],
+                    candidates=self._candidates(r0, r1))
 
         if m.num_decodes > 0:
             dm = m.decode
@@ -128,7 +151,7 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
                 tmp = buf[: B * next_n]
             ampere_indexer.decode_topk(
                 qp, wp, kv_cache, dm.seq_lens[:B], dm.block_table[:B], kv_cache.shape[1], topk,
-                tmp)
+                tmp, candidates=self._candidates(0, B * next_n))
             if padded:
                 rows = unpack_seq_triton(tmp[:, :topk].reshape(B, next_n, topk), dm.decode_lens)
                 buf[: rows.shape[0], :topk] = rows

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """DeepSeek-V4.1 sparse MLA attention for SM80/SM86 (Ampere): the attention step.
 
-NOT SELECTED YET. Patch 6 refuses DeepSeek-V4.1 below 9.0 until its indexer and output
-projection are ported too (docs/v41-status.md of DeepInfer-SM80); this class is the
-attention part of that port.
+NOT SELECTED YET. Patch 6 refuses DeepSeek-V4.1 below 9.0 until the port is complete
+(docs/v41-status.md of DeepInfer-SM80); this class is its attention layer, with the
+Ampere indexer (``ampere_indexer.py``).
 
 Same skeleton as V4.1's ``DeepseekV4FlashMLAAttention`` (``nvidia/flashmla.py``) with
 FlashMLA replaced by ``deepinfer_sm80.ampere.layer`` (this package's sparse-MLA kernels
@@ -16,6 +16,7 @@ when built, portable implementations otherwise):
   builder already skips it below 9.0; this one does regardless);
 * ``get_padded_num_q_heads`` returns a head count the ``_C`` fused qnorm/RoPE/KV-insert
   op is instantiated for, as the V4 class does;
+* the indexer without DeepGEMM (``DeepseekV41AmpereIndexer``);
 * no prefill context parallelism (FlashMLA only).
 """
 
@@ -94,6 +95,11 @@ class DeepseekV41AmpereSparseAttention(DeepseekV4Attention):
         # The output projection is upstream's (docs/v41-status.md, port plan item 4).
         self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe(
             self._o_proj_block_size)
+
+    def _indexer_cls(self, k_cache):
+        from vllm.models.deepseek_v41.nvidia.ampere_indexer import DeepseekV41AmpereIndexer
+
+        return DeepseekV41AmpereIndexer
 
     @classmethod
     def get_padded_num_q_heads(cls, num_heads: int) -> int:
