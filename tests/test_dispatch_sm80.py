@@ -33,6 +33,8 @@ SM9PLUS = ("12.0", "10.0", "9.0")
 CAPABILITIES = list(SM9PLUS + SM8X)
 
 AMPERE_CLS = "vllm.models.deepseek_v4.nvidia.ampere_sparse.DeepseekV4AmpereSparseAttention"
+AMPERE_V41_CLS = ("vllm.models.deepseek_v41.nvidia.ampere_sparse."
+                  "DeepseekV41AmpereSparseAttention")
 
 
 def _refused(decision: Any, *words: str) -> bool:
@@ -98,12 +100,17 @@ def _expect_sm8x(d: dict[str, Any]) -> list[str]:
     for b in ("FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120"):
         check(_refused(attn[b], "not a DeepSeek V4 attention backend"), f"{b}: {attn[b]}")
     v41 = d["v41_attn_cls"]
-    for b, decision in v41.items():  # V4.1 is not ported: refused, whatever the backend
-        check(isinstance(decision, dict) and decision.get("error") == "NotImplementedError"
-              and all(w in decision["message"] for w in (
-                  "DeepSeek-V4.1", "does not run on compute capability", "9.0 or newer",
-                  "runs DeepSeek-V4 (DeepseekV4ForCausalLM)", "docs/v41-status.md")),
-              f"V4.1 with {b} not refused: {decision}")
+    check(v41["None"] == AMPERE_V41_CLS, f"V4.1 default backend -> {v41['None']}")
+    check(v41["TRITON_MLA"] == AMPERE_V41_CLS, f"V4.1 unrelated backend -> {v41['TRITON_MLA']}")
+    for b in ("FLASHMLA_SPARSE", "FLASHMLA_SPARSE_DSV41", "FLASHMLA_MEGA_ATTN_DSV41",
+              "FLASHINFER_MLA_SPARSE_DSV41"):
+        check(_refused(v41[b], b, "9.0", "Leave the attention backend unset"),
+              f"V4.1 with {b} not refused: {v41[b]}")
+    check(_refused(v41["FLASHINFER_MLA_SPARSE"], "not a DeepSeek V4.1 attention backend"),
+          f"V4.1 with FLASHINFER_MLA_SPARSE: {v41['FLASHINFER_MLA_SPARSE']}")
+    pcp = v41["None/pcp2"]
+    check(isinstance(pcp, dict) and pcp.get("error") == "NotImplementedError"
+          and "prefill context parallelism" in pcp["message"], f"V4.1 with PCP: {pcp}")
     check(len(v41) == 8, f"V4.1 probe cases: {sorted(v41)}")
     check(d["v41_fp8_launch"] == {
         "rope_quant_insert_584": "e4m3_encode", "indexer_k_store/fp4=False": "e4m3_encode",

@@ -216,6 +216,34 @@ def test_v41_fp8_kernels_compile_for_sm80_sm86_and_sm90_code_is_unchanged(trees,
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("cap", ["8.0", "8.6"])
+def test_v41_ampere_layers_build_and_their_warmups_compile_on_sm8x(trees, deps, cap
+                                                                  ) -> None:
+    """DeepSeek-V4.1's layers built with the SM80 classes (attention, indexer and its
+    scorer; linear layers, norms, caches, compressors and RoPE stand-ins) in upstream's
+    tiny sharing topology: ratios [0, 2, 2, 1, 1, 0, 0, 0], kv sources 1 and 3, index
+    sources 1, 3 and 4, candidate source 3. Every JIT warmup they register compiles for
+    the capability ahead of time (vLLM compiles them at start-up; a failure aborts it)."""
+    got = harness.run_probes(trees["patched"], [cap], probes=("v41_ampere_construct",))[cap]
+    got = got["v41_ampere_construct"]
+    assert "error" not in got, got
+    layers = got["layers"]
+    assert [layers[str(i)]["ratio"] for i in range(8)] == [0, 2, 2, 1, 1, 0, 0, 0]
+    assert [layers[str(i)]["compressed_from"] for i in (1, 2, 3, 4)] == [
+        "model.layers.1.attn", "model.layers.1.attn", "model.layers.3.attn",
+        "model.layers.3.attn"]
+    for i in (1, 3, 4):
+        assert layers[str(i)]["indexer"] == "DeepseekV41AmpereIndexer"
+        assert layers[str(i)]["scorer"] == "AmpereSparseAttnIndexer"
+    assert [layers[str(i)]["candidates"] for i in (1, 3, 4)] == [None, "write", "mask"]
+    assert all(layers[str(i)]["indexer"] is None for i in (0, 2, 5, 6, 7))
+    warm = got["warmups"]
+    assert len(warm) >= 4, warm
+    for kernel, entry in warm.items():
+        assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (kernel, entry)
+
+
+@pytest.mark.network
 def test_overlay_identity_in_the_applied_tree(trees, deps) -> None:
     res = harness.run_probes(trees["patched"], ["8.0"], probes=("overlay_identity",))
     ident = res["8.0"]["overlay_identity"]

@@ -758,6 +758,133 @@ def probe_warmup_aot() -> dict[str, Any]:
     return results
 
 
+def _v41_config() -> Any:
+    """A stand-in ``VllmConfig`` with DeepSeek-V4.1-Flash layer dimensions and the tiny
+    sharing topology of upstream's tests (tests/models/deepseek_v41/.../test_layers.py):
+    compress ratios [0, 2, 2, 1, 1, 0, 0, 0], kv sources 1 and 3, index sources 1, 3 and 4,
+    candidate source 3."""
+    import torch
+
+    from vllm.config import AttentionConfig
+
+    hf = types.SimpleNamespace(
+        hidden_size=5120, num_attention_heads=64, q_lora_rank=1280, o_lora_rank=1024,
+        head_dim=512, qk_rope_head_dim=64, o_groups=8, sliding_window=128,
+        num_hidden_layers=8, compress_ratios=[0, 2, 2, 1, 1, 0, 0, 0],
+        kv_source_layer_ids=[1, 3], index_source_layer_ids=[1, 3, 4],
+        candidate_source_layer_id=3, candidate_topk_blocks=2048, candidate_block_size=8,
+        rms_norm_eps=1e-6, max_position_embeddings=8192, index_topk=512, index_n_heads=32,
+        index_head_dim=128, model_type="deepseek_v41")
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
+                                           max_model_len=8192, dtype=torch.bfloat16),
+        parallel_config=types.SimpleNamespace(
+            tensor_parallel_size=1, decode_context_parallel_size=1,
+            prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
+        attention_config=AttentionConfig(),
+        quant_config=None,
+        cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=128,
+                                           swa_bounded_replay=False,
+                                           enable_prefix_caching=False),
+        kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
+        compilation_config=types.SimpleNamespace(static_forward_context={}),
+        speculative_config=None, use_v2_model_runner=True)
+
+
+def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
+    """The overlay's DeepSeek-V4.1 Ampere attention layers 0..7 of ``_v41_config``
+    (their indexers and the Ampere scorer included; linear layers, norms, caches,
+    compressors and RoPE are stand-ins): per layer, what was built."""
+    import torch
+
+    from vllm.models.deepseek_v41 import attention
+    from vllm.models.deepseek_v41.nvidia import ampere_sparse
+
+    stub = _stub_cls()
+    ctx = cfg.compilation_config.static_forward_context
+
+    class IndexerCache(stub):  # registers itself, as the real cache layer does
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            ctx[kwargs["prefix"]] = self
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    out: dict[str, Any] = {}
+    # CustomOp.__init__ (the scorer) reads the current config: vLLM's defaults
+    with set_current_vllm_config(VllmConfig()), _patched([(attention, name, stub) for name in (
+            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
+            "build_deepseek_v4_rope")] + [
+            (attention, "DeepseekV4IndexerCache", IndexerCache),
+            (attention, "get_tensor_model_parallel_world_size", lambda: 1),
+            (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
+            (attention, "dsa_indexer_uses_fp4", lambda _cfg: False),
+            (attention, "get_max_prefill_buffer_size", lambda _cfg: 8192),
+            (torch.cuda, "Event", stub)]):
+        topk = torch.full((64, 512), -1, dtype=torch.int32)
+        cand = torch.full((64, 2048), -1, dtype=torch.int32)
+        for i in range(8):
+            layer = ampere_sparse.DeepseekV41AmpereSparseAttention(
+                cfg, f"model.layers.{i}.attn", topk_indices_buffer=topk,
+                candidate_block_buffer=cand)
+            op = getattr(layer.indexer, "indexer_op", None)
+            out[str(i)] = {
+                "ratio": layer.compress_ratio, "compressed_from": layer.compressed_cache_prefix,
+                "indexer": type(layer.indexer).__name__ if layer.indexer is not None else None,
+                "scorer": type(op).__name__ if op is not None else None,
+                "candidates": None if op is None or op.candidate_blocks is None else
+                ("write" if op.candidate_write else "mask"),
+                "padded_heads": layer.padded_heads}
+    return out
+
+
+def probe_v41_ampere_construct() -> dict[str, Any]:
+    """Build the V4.1 Ampere layers (``_construct_v41_ampere_layers``), recording the JIT
+    warmups they register, and compile each registered key ahead of time for the probed
+    capability (vLLM compiles them all at start-up; one failure aborts it)."""
+    from triton.runtime import driver
+
+    from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
+
+    registrations: list[tuple[Any, tuple, dict]] = []
+
+    def capture(self: Any, *args: Any, **kwargs: Any) -> None:
+        registrations.append((self, args, kwargs))
+
+    cfg = _v41_config()
+    with _patched([(VllmJitKernel, "register_warmup", capture)]):
+        layers = _construct_v41_ampere_layers(cfg)
+    results: dict[str, Any] = {"layers": layers, "warmups": {}}
+    saved = driver._active
+    driver.set_active(_AotDriver(_CAPABILITY[0] * 10 + _CAPABILITY[1]))
+    try:
+        by_kernel: dict[int, tuple[Any, list[tuple[tuple, dict]]]] = {}
+        for kernel, args, kwargs in registrations:
+            by_kernel.setdefault(id(kernel), (kernel, []))[1].append((args, kwargs))
+        for kernel, regs in by_kernel.values():
+            entry = {"keys": 0, "compiled": 0, "failed": []}
+            keys: dict[Any, None] = {}
+            for args, kwargs in regs:
+                if not args and not kwargs and "vllm_config" in inspect.signature(
+                        kernel.get_warmup_keys).parameters:
+                    kwargs = {"vllm_config": cfg}
+                keys.update(dict.fromkeys(kernel.get_warmup_keys(*args, **kwargs)))
+            for key in keys:
+                entry["keys"] += 1
+                try:
+                    kernel.compile(key)
+                    entry["compiled"] += 1
+                except Exception as exc:
+                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                    entry["failed"].append(f"{type(exc).__name__}: {msg}"[:200])
+            results["warmups"][_kernel_name(kernel)] = entry
+    finally:
+        driver._active = saved
+    return results
+
+
 def probe_backend_support() -> dict[str, bool]:
     """``supports_compute_capability`` of the DeepSeek-V4 sparse-MLA backends at the
     probed capability (advisory for DSv4, which bypasses the generic selector)."""
@@ -1158,6 +1285,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "inv_rope_aot": probe_inv_rope_aot,
     "warmup_aot": probe_warmup_aot,
     "v41_fp8_aot": probe_v41_fp8_aot,
+    "v41_ampere_construct": probe_v41_ampere_construct,
 }
 
 
