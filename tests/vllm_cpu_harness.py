@@ -481,19 +481,25 @@ def _v4_config() -> Any:
         rms_norm_eps=1e-6, max_position_embeddings=4096, index_topk=512,
         index_n_heads=64, index_head_dim=128, model_type="deepseek_v4",
         num_nextn_predict_layers=1)
+    return _vllm_config(hf, 4096, types.SimpleNamespace(cache_dtype="fp8", block_size=64))
+
+
+def _vllm_config(hf: Any, max_model_len: int, cache_config: Any) -> Any:
+    """A stand-in ``VllmConfig`` around a model's ``hf`` config: TP 1, no context
+    parallelism, default attention config, JIT warmups on, a fresh forward context."""
     import torch
 
     from vllm.config import AttentionConfig
 
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
-                                           max_model_len=4096, dtype=torch.bfloat16),
+                                           max_model_len=max_model_len, dtype=torch.bfloat16),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=1, decode_context_parallel_size=1,
             prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
         attention_config=AttentionConfig(),
         quant_config=None,
-        cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=64),
+        cache_config=cache_config,
         kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
         scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
         compilation_config=types.SimpleNamespace(static_forward_context={}),
@@ -691,8 +697,6 @@ def probe_warmup_aot() -> dict[str, Any]:
     the SM80 backend where the tree has it, else FlashMLA; compressors; the indexer):
     kernel -> {"keys", "compiled", "failed": [first messages]}. Registrations to
     CuTeDSL kernels are reported as failures: they cannot compile below SM90."""
-    from triton.runtime import driver
-
     from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
     registrations: list[tuple[Any, tuple, dict]] = []
@@ -725,6 +729,17 @@ def probe_warmup_aot() -> dict[str, Any]:
     for name in cutedsl:
         results[name.removeprefix("warmup:")] = {"keys": 1, "compiled": 0,
                                                  "failed": ["CuTeDSL kernel"]}
+    results.update(_compile_registered_warmups(registrations, cfg))
+    return results
+
+
+def _compile_registered_warmups(registrations: list[tuple[Any, tuple, dict]], cfg: Any
+                                ) -> dict[str, Any]:
+    """Compile every key of the captured ``register_warmup`` calls ahead of time for the
+    probed capability: kernel -> {"keys", "compiled", "failed": [first messages]}."""
+    from triton.runtime import driver
+
+    results: dict[str, Any] = {}
     saved = driver._active  # no default driver exists without a GPU
     driver.set_active(_AotDriver(_CAPABILITY[0] * 10 + _CAPABILITY[1]))
     try:
@@ -763,10 +778,6 @@ def _v41_config() -> Any:
     sharing topology of upstream's tests (tests/models/deepseek_v41/.../test_layers.py):
     compress ratios [0, 2, 2, 1, 1, 0, 0, 0], kv sources 1 and 3, index sources 1, 3 and 4,
     candidate source 3."""
-    import torch
-
-    from vllm.config import AttentionConfig
-
     hf = types.SimpleNamespace(
         hidden_size=5120, num_attention_heads=64, q_lora_rank=1280, o_lora_rank=1024,
         head_dim=512, qk_rope_head_dim=64, o_groups=8, sliding_window=128,
@@ -775,21 +786,9 @@ def _v41_config() -> Any:
         candidate_source_layer_id=3, candidate_topk_blocks=2048, candidate_block_size=8,
         rms_norm_eps=1e-6, max_position_embeddings=8192, index_topk=512, index_n_heads=32,
         index_head_dim=128, model_type="deepseek_v41")
-    return types.SimpleNamespace(
-        model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
-                                           max_model_len=8192, dtype=torch.bfloat16),
-        parallel_config=types.SimpleNamespace(
-            tensor_parallel_size=1, decode_context_parallel_size=1,
-            prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
-        attention_config=AttentionConfig(),
-        quant_config=None,
-        cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=128,
-                                           swa_bounded_replay=False,
-                                           enable_prefix_caching=False),
-        kernel_config=types.SimpleNamespace(enable_jit_warmup=True),
-        scheduler_config=types.SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
-        compilation_config=types.SimpleNamespace(static_forward_context={}),
-        speculative_config=None, use_v2_model_runner=True)
+    return _vllm_config(hf, 8192, types.SimpleNamespace(
+        cache_dtype="fp8", block_size=128, swa_bounded_replay=False,
+        enable_prefix_caching=False))
 
 
 def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
@@ -844,8 +843,6 @@ def probe_v41_ampere_construct() -> dict[str, Any]:
     """Build the V4.1 Ampere layers (``_construct_v41_ampere_layers``), recording the JIT
     warmups they register, and compile each registered key ahead of time for the probed
     capability (vLLM compiles them all at start-up; one failure aborts it)."""
-    from triton.runtime import driver
-
     from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
     registrations: list[tuple[Any, tuple, dict]] = []
@@ -856,33 +853,7 @@ def probe_v41_ampere_construct() -> dict[str, Any]:
     cfg = _v41_config()
     with _patched([(VllmJitKernel, "register_warmup", capture)]):
         layers = _construct_v41_ampere_layers(cfg)
-    results: dict[str, Any] = {"layers": layers, "warmups": {}}
-    saved = driver._active
-    driver.set_active(_AotDriver(_CAPABILITY[0] * 10 + _CAPABILITY[1]))
-    try:
-        by_kernel: dict[int, tuple[Any, list[tuple[tuple, dict]]]] = {}
-        for kernel, args, kwargs in registrations:
-            by_kernel.setdefault(id(kernel), (kernel, []))[1].append((args, kwargs))
-        for kernel, regs in by_kernel.values():
-            entry = {"keys": 0, "compiled": 0, "failed": []}
-            keys: dict[Any, None] = {}
-            for args, kwargs in regs:
-                if not args and not kwargs and "vllm_config" in inspect.signature(
-                        kernel.get_warmup_keys).parameters:
-                    kwargs = {"vllm_config": cfg}
-                keys.update(dict.fromkeys(kernel.get_warmup_keys(*args, **kwargs)))
-            for key in keys:
-                entry["keys"] += 1
-                try:
-                    kernel.compile(key)
-                    entry["compiled"] += 1
-                except Exception as exc:
-                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-                    entry["failed"].append(f"{type(exc).__name__}: {msg}"[:200])
-            results["warmups"][_kernel_name(kernel)] = entry
-    finally:
-        driver._active = saved
-    return results
+    return {"layers": layers, "warmups": _compile_registered_warmups(registrations, cfg)}
 
 
 def probe_backend_support() -> dict[str, bool]:

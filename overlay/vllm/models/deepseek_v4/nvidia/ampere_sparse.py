@@ -48,19 +48,17 @@ if TYPE_CHECKING:
 _C_PADDED_HEADS = (8, 16, 32, 64, 128)
 
 
-class DeepseekV4AmpereSparseMLABackend(DeepseekV4FlashMLABackend):
-    @staticmethod
-    def get_name() -> str:
-        return "AMPERE_SPARSE_DSV4"
+class Sm8xBackendMixin:
+    """A sparse-MLA backend for capability 8.x only (V4's and V4.1's Ampere backends)."""
 
     @classmethod
     def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
         return capability.major == 8
 
 
-class DeepseekSparseSWAAmpereMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
-    """SWA metadata without FlashMLA's tile scheduler (Ampere decode is varlen
-    and needs no planner)."""
+class NoTileSchedulerMixin:
+    """SWA metadata without FlashMLA's tile scheduler (the Ampere decode is varlen and
+    needs no planner); V4's and V4.1's Ampere SWA builders."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
 
@@ -69,6 +67,17 @@ class DeepseekSparseSWAAmpereMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
 
         keys = [getattr(sparse_swa, n) for n in dir(sparse_swa) if n.startswith("_LAYER_TYPE_")]
         return {k: None for k in keys}
+
+
+class DeepseekV4AmpereSparseMLABackend(Sm8xBackendMixin, DeepseekV4FlashMLABackend):
+    @staticmethod
+    def get_name() -> str:
+        return "AMPERE_SPARSE_DSV4"
+
+
+class DeepseekSparseSWAAmpereMetadataBuilder(NoTileSchedulerMixin,
+                                             DeepseekSparseSWAMetadataBuilder):
+    pass
 
 
 class DeepseekSparseSWAAmpereBackend(DeepseekSparseSWABackend):

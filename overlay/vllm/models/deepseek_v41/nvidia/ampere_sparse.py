@@ -22,7 +22,7 @@ when built, portable implementations otherwise):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -30,6 +30,8 @@ from deepinfer_sm80.ampere import layer as ampere_layer
 from vllm.forward_context import get_forward_context
 from vllm.models.deepseek_v4.nvidia.ampere_sparse import (
     DeepseekV4AmpereSparseAttention,
+    NoTileSchedulerMixin,
+    Sm8xBackendMixin,
     _VllmPrefillWorkspace,
 )
 from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
@@ -41,36 +43,22 @@ from vllm.models.deepseek_v41.sparse_mla import (
     DeepseekV41SparseSWAMetadataBuilder,
 )
 from vllm.utils.math_utils import round_up
-from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
 from vllm.v1.worker.workspace import current_workspace_manager
 
 if TYPE_CHECKING:
-    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
 
 
-class DeepseekV41AmpereSparseMLABackend(DeepseekV4FlashMLABackend):
+class DeepseekV41AmpereSparseMLABackend(Sm8xBackendMixin, DeepseekV4FlashMLABackend):
     @staticmethod
     def get_name() -> str:
         return "AMPERE_SPARSE_DSV41"
 
-    @classmethod
-    def supports_compute_capability(cls, capability: "DeviceCapability") -> bool:
-        return capability.major == 8
 
-
-class DeepseekSparseSWAAmpereV41MetadataBuilder(DeepseekV41SparseSWAMetadataBuilder):
-    """V4.1 SWA metadata without FlashMLA's tile scheduler (the Ampere decode is varlen
-    and needs no planner)."""
-
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
-
-    def build_tile_scheduler(self, num_decode_tokens: int) -> dict:
-        from vllm.v1.attention.backends.mla import sparse_swa
-
-        keys = [getattr(sparse_swa, n) for n in dir(sparse_swa) if n.startswith("_LAYER_TYPE_")]
-        return {k: None for k in keys}
+class DeepseekSparseSWAAmpereV41MetadataBuilder(NoTileSchedulerMixin,
+                                                DeepseekV41SparseSWAMetadataBuilder):
+    pass
 
 
 class DeepseekSparseSWAAmpereV41Backend(DeepseekSparseSWABackend):
