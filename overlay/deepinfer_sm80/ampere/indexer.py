@@ -81,7 +81,8 @@ class CandidateStep:
         nb = max(1, -(-width // self.block_size))
         dev = visible.device
         if self.write:
-            self.best = torch.full((r1 - r0, nb), float("-inf"), device=dev)
+            # best key per (row, block): the key order is the score order
+            self.best = torch.full((r1 - r0, nb), INT64_MIN, dtype=torch.int64, device=dev)
         else:
             ids = self.blocks[r0:r1].to(torch.int64)
             ids = torch.where((ids >= 0) & (ids < nb), ids, nb)  # nb: a slot nothing reads
@@ -89,15 +90,19 @@ class CandidateStep:
             self.keep.scatter_(1, ids, True)
             self.keep[:, nb] = False
 
-    def tile(self, keys: torch.Tensor) -> torch.Tensor:
-        """One tile's keys (index = request-local position) -> the keys top-k merges."""
-        local = keys_to_indices(keys).to(torch.int64)
-        blk = torch.where(local >= 0, local // self.block_size, 0)
+    def tile(self, keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """One tile's keys -> the keys top-k merges. ``local``: the tile's request-local
+        positions, [1, n] (shared by all rows) or [rows, n]; where a key is INT64_MIN
+        (outside the row) the position is not read."""
+        blk = local.clamp(min=0) // self.block_size
         if self.write:
             nb = self.best.shape[1]
-            self.best.scatter_reduce_(1, blk.clamp(max=nb - 1), key_scores(keys), "amax")
+            blk = blk.clamp(max=nb - 1).expand_as(keys)
+            self.best.scatter_reduce_(1, blk, keys, "amax")
             return keys
-        keep = self.keep.gather(1, blk.clamp(max=self.keep.shape[1] - 1)) & (local >= 0)
+        blk = blk.clamp(max=self.keep.shape[1] - 1)
+        keep = (self.keep[:, blk[0]] if blk.shape[0] == 1 and keys.shape[0] != 1
+                else self.keep.gather(1, blk.expand_as(keys)))
         return torch.where(keep, keys, torch.full_like(keys, INT64_MIN))
 
     def finish(self) -> None:
@@ -108,8 +113,9 @@ class CandidateStep:
         newest = (self.visible - 1).clamp(min=0) // self.block_size
         has = (self.visible > 0).unsqueeze(1)
         ids = torch.arange(nb, device=self.best.device).unsqueeze(0)
-        best = torch.where(has & (ids == newest.unsqueeze(1)), float("inf"), self.best)
-        keys = order_keys(best, ids, best > float("-inf"))
+        score = key_scores(self.best)
+        score = torch.where(has & (ids == newest.unsqueeze(1)), float("inf"), score)
+        keys = order_keys(score, ids, score > float("-inf"))
         self.blocks[self.r0:self.r1, :k] = keys_to_indices(merge_topk(None, keys, k))
 
 
@@ -225,7 +231,8 @@ def prefill_topk(
                 valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
                 keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
             if candidates is not None:
-                keys = candidates.tile(keys)
+                local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
+                keys = candidates.tile(keys, local)
             best = merge_topk(best, keys, topk)
         if candidates is not None:
             candidates.finish()
@@ -296,7 +303,7 @@ def decode_topk(
                                    pages=kv_cache, block_table=bt32, row_req=row_req,
                                    block_size=block_size)[:, : t1 - t0]
             if candidates is not None:
-                keys = candidates.tile(keys)
+                keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
             best = merge_topk(best, keys, topk)
         if candidates is not None:
             candidates.finish()
@@ -319,7 +326,7 @@ def decode_topk(
         valid = cols.view(1, 1, -1) < ctx.unsqueeze(-1)
         keys = order_keys(s.reshape(rows, -1), cols.unsqueeze(0), valid.reshape(rows, -1))
         if candidates is not None:
-            keys = candidates.tile(keys)
+            keys = candidates.tile(keys, cols.unsqueeze(0))
         best = merge_topk(best, keys, topk)
     if candidates is not None:
         candidates.finish()
