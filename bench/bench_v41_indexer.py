@@ -4,9 +4,10 @@
 64 per page, V4.1's 32 heads x 128), top-k 512, with no candidate step, as the candidate
 source (``write``: per-row block maxima, 8-position blocks, best 2048 blocks) and as a later
 indexer (``mask``: 2048 listed blocks). Fresh random inputs; median of CUDA-event timings
-after warm-up; the first column is the baseline of the same run.
+after warm-up, the three calls timed round-robin; the first column is the baseline of the
+same run.
 
-    python bench/bench_v41_indexer.py [--reps 10]
+    python bench/bench_v41_indexer.py [--reps 30]
 """
 from __future__ import annotations
 
@@ -40,23 +41,26 @@ def case(batch: int, ctx: int, g: torch.Generator):
     return pages.view(nb, BS, D + 4), bt, q, w, lens
 
 
-def time_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
+def time_ms(fns: list, reps: int) -> list[float]:
+    """Median ms of each function, timed round-robin (the same conditions for all)."""
+    for fn in fns:
+        for _ in range(5):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+        for i, fn in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times[i].append(a.elapsed_time(b))
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     g = torch.Generator(device="cuda")
     g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
@@ -71,13 +75,15 @@ def main() -> int:
         def run(step=None):
             I.decode_topk(q, w, pages, lens, bt, BS, TOPK, out, candidates=step)
 
-        plain = time_ms(run, args.reps)
-        write = time_ms(lambda: run(I.CandidateStep(cand, CAND_BS, write=True)), args.reps)
+        run(I.CandidateStep(cand, CAND_BS, write=True))  # the blocks the mask rows list
         ref = out.clone()
         run()
         assert torch.equal(out, ref)  # the source layer's own top-k is unaffected
-        mask = time_ms(lambda: run(I.CandidateStep(cand, CAND_BS, write=False)), args.reps)
-        kept = int((cand >= 0).sum(1).min())
+        mask_cand = cand.clone()
+        plain, write, mask = time_ms(
+            [run, lambda: run(I.CandidateStep(cand, CAND_BS, write=True)),
+             lambda: run(I.CandidateStep(mask_cand, CAND_BS, write=False))], args.reps)
+        kept = int((mask_cand >= 0).sum(1).min())
         print(f"| {batch} | {ctx} | {plain:.3f} | {write:.3f} | {mask:.3f} |  (blocks listed per row >= {kept})")
     return 0
 
