@@ -90,10 +90,6 @@ class CandidateStep:
             self.keep.scatter_(1, ids, True)
             self.keep[:, nb] = False
 
-    def fused_keep(self) -> torch.Tensor | None:
-        """The flags the fused scorer masks with (mask mode), else None."""
-        return None if self.write else self.keep
-
     def tile(self, keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         """One tile's keys -> the keys top-k merges. ``local``: the tile's request-local
         positions, [1, n] (shared by all rows) or [rows, n]; where a key is INT64_MIN
@@ -213,11 +209,8 @@ def prefill_topk(
         c0 = int(ks.min())
         c1 = int(ke.max())
         best = None
-        keep, cand_block = None, 1
         if candidates is not None:
             candidates.begin(r0, r1, (ke - ks).clamp(min=0), max(1, int((ke - ks).max())))
-            if fused:  # the mask inside the scorer; the source layer's step stays here
-                keep, cand_block = candidates.fused_keep(), candidates.block_size
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
             buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
@@ -230,15 +223,14 @@ def prefill_topk(
             if fused:
                 keys = mqa_logits_tile(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
                                        lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
-                                       k_flat=k_u8, k_scale=k_scale, keep=keep,
-                                       cand_block=cand_block)[:, : t1 - t0]
+                                       k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
             else:
                 k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
                 logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))
                 cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
                 valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
                 keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
-            if candidates is not None and keep is None:
+            if candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
             best = merge_topk(best, keys, topk)
@@ -292,7 +284,6 @@ def decode_topk(
     if candidates is not None:
         candidates.begin(0, rows, ctx.reshape(rows), maxb * block_size)
     if _use_triton(scorer, q_fp8):
-        keep = candidates.fused_keep() if candidates is not None else None
         from .indexer_triton import mqa_logits_tile
 
         q_u8 = (q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8)
@@ -310,10 +301,8 @@ def decode_topk(
             t1 = min(total, t0 + tile)
             keys = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
                                    pages=kv_cache, block_table=bt32, row_req=row_req,
-                                   block_size=block_size, keep=keep,
-                                   cand_block=candidates.block_size if keep is not None
-                                   else 1)[:, : t1 - t0]
-            if candidates is not None and keep is None:
+                                   block_size=block_size)[:, : t1 - t0]
+            if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
             best = merge_topk(best, keys, topk)
         if candidates is not None:

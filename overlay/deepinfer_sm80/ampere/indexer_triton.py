@@ -48,10 +48,6 @@ def _mqa_logits_kernel(
     DOT_BF16: tl.constexpr,
     DK: tl.constexpr = 32,
     EMIT_KEYS: tl.constexpr = False,
-    keep_ptr=None,  # u8 [rows, keep_stride] DeepSeek-V4.1 candidate flags (MASK_BLOCKS)
-    keep_stride=0,
-    cand_block=1,  # request-local positions per candidate block
-    MASK_BLOCKS: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     tile = tl.program_id(1)
@@ -96,11 +92,6 @@ def _mqa_logits_kernel(
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
         local = (col - lo).to(tl.int64)
         key = (ordered << 32) + (4294967295 - local)
-        if MASK_BLOCKS:  # only positions in the row's listed blocks (flag slot per block)
-            blk = tl.minimum(tl.where(valid, local, 0) // cand_block, keep_stride - 1)
-            keep = tl.load(keep_ptr + row.to(tl.int64) * keep_stride + blk, mask=valid,
-                           other=0)
-            valid = valid & (keep != 0)
         key = tl.where(valid, key, -9223372036854775807 - 1)
         tl.store(out_ptr + row.to(tl.int64) * out_stride + lc, key, mask=lc < n_cols)
     else:
@@ -108,14 +99,11 @@ def _mqa_logits_kernel(
 
 
 def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=None,
-                    pages=None, block_table=None, row_req=None, block_size=0, block_n=64,
-                    keep=None, cand_block=1):
+                    pages=None, block_table=None, row_req=None, block_size=0, block_n=64):
     """Columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]:
     fp32 logits (columns outside [lo, hi) hold garbage; callers mask them), or,
     for an int64 ``out``, top-k keys (``indexer.order_keys`` of the logits with
-    index ``col - lo``; INT64_MIN outside [lo, hi), and, with ``keep`` (bool/u8
-    [rows, n] flags of ``cand_block``-position blocks, last slot never set), outside
-    the row's kept blocks: DeepSeek-V4.1's candidate mask)."""
+    index ``col - lo``; INT64_MIN outside [lo, hi))."""
     rows, H, D = q_u8.shape
     if rows == 0 or n_cols == 0:
         return out
@@ -133,10 +121,7 @@ def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=
         pages.stride(0) if paged else 0,
         block_size,
         H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET,
-        EMIT_KEYS=out.dtype == torch.int64,
-        keep_ptr=keep.view(torch.uint8) if keep is not None else None,
-        keep_stride=keep.stride(0) if keep is not None else 0,
-        cand_block=cand_block, MASK_BLOCKS=keep is not None, num_warps=8,
+        EMIT_KEYS=out.dtype == torch.int64, num_warps=8,
     )
     return out
 
@@ -150,17 +135,14 @@ def aot_sources() -> dict:
            "out_ptr": "*fp32", "col0": "i32", "n_cols": "i32", "out_stride": "i32",
            "bt_stride": "i32", "page_bytes": "i64", "block_size": "i32",
            "H": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "PAGED": "constexpr",
-           "DOT_BF16": "constexpr", "DK": "constexpr", "EMIT_KEYS": "constexpr",
-           "keep_ptr": "*u8", "keep_stride": "i32", "cand_block": "i32",
-           "MASK_BLOCKS": "constexpr"}
+           "DOT_BF16": "constexpr", "DK": "constexpr", "EMIT_KEYS": "constexpr"}
     out = {}
     for paged in (True, False):
-        for keys, mask in ((True, False), (False, False), (True, True)):
+        for keys in (True, False):
             consts = {"H": 64, "D": 128, "BLOCK_N": 64, "PAGED": paged, "DOT_BF16": True,
-                      "DK": 32, "EMIT_KEYS": keys, "MASK_BLOCKS": mask}
+                      "DK": 32, "EMIT_KEYS": keys}
             s = dict(sig, out_ptr="*i64" if keys else "*fp32")
-            name = f"indexer_{'keys' if keys else 'logits'}_{'paged' if paged else 'flat'}"
-            out[name + ("_masked" if mask else "")] = (
+            out[f"indexer_{'keys' if keys else 'logits'}_{'paged' if paged else 'flat'}"] = (
                 ASTSource(fn=_mqa_logits_kernel, signature=s, constexprs=consts), 8)
     return out
 
