@@ -65,9 +65,8 @@ def main() -> int:
     g = torch.Generator(device="cuda")
     g.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()))
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print("| batch | context (compressed positions) | no candidates (ms) | write (ms) | mask (ms) "
-          "| mask, unfused (ms) |")
-    print("|---|---|---|---|---|---|")
+    print("| batch | context (compressed positions) | no candidates (ms) | write (ms) | mask (ms) |")
+    print("|---|---|---|---|---|")
     for batch, ctx in ((8, 65536), (64, 8192), (128, 4096)):
         pages, bt, q, w, lens = case(batch, ctx, g)
         out = torch.empty(batch, TOPK, dtype=torch.int32, device="cuda")
@@ -81,20 +80,11 @@ def main() -> int:
         run()
         assert torch.equal(out, ref)  # the source layer's own top-k is unaffected
         mask_cand = cand.clone()
-        class Unfused(I.CandidateStep):  # the mask as torch operations on each tile
-            def fused_keep(self):
-                return None
-
-        plain, write, mask, unfused = time_ms(
+        plain, write, mask = time_ms(
             [run, lambda: run(I.CandidateStep(cand, CAND_BS, write=True)),
-             lambda: run(I.CandidateStep(mask_cand, CAND_BS, write=False)),
-             lambda: run(Unfused(mask_cand, CAND_BS, write=False))], args.reps)
-        run(I.CandidateStep(mask_cand, CAND_BS, write=False))
-        fused_out = out.clone()
-        run(Unfused(mask_cand, CAND_BS, write=False))
-        assert torch.equal(out, fused_out)  # both forms of the mask select the same
+             lambda: run(I.CandidateStep(mask_cand, CAND_BS, write=False))], args.reps)
         kept = int((mask_cand >= 0).sum(1).min())
-        print(f"| {batch} | {ctx} | {plain:.3f} | {write:.3f} | {mask:.3f} | {unfused:.3f} |"
+        print(f"| {batch} | {ctx} | {plain:.3f} | {write:.3f} | {mask:.3f} |"
               f"  (blocks listed per row >= {kept})")
     return 0
 
