@@ -173,7 +173,7 @@ def forward_prefill(
     compressed_cache: torch.Tensor | None,
     seq_lens: torch.Tensor,  # [P]
     gather_lens: torch.Tensor,  # [P]
-    query_start_loc: torch.Tensor,  # [P + 1] device, prefill-local (starts at 0)
+    query_start_loc: torch.Tensor,  # [P + 1] device, as vLLM has it (need not start at 0)
     query_start_loc_cpu: torch.Tensor,  # [P + 1] host
     swa_block_table: torch.Tensor,  # [P, *]
     swa_block_size: int,
