@@ -1,4 +1,4 @@
-"""Checks of the DeepSeek-V4.1 Ampere attention adapter (not selected yet) against a vLLM
+"""Checks of the DeepSeek-V4.1 Ampere attention adapter against a vLLM
 source tree, run in a subprocess by tests/test_ampere_adapters.py with the tree first on
 sys.path. The overlay modules are loaded from overlay/vllm/... under their vLLM module
 names. ``forward_mqa`` runs on the CPU with the portable ops on a V4.1 layer world

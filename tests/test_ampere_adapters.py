@@ -91,7 +91,7 @@ def test_indexer_adapter_decode_sets(results):
     assert results["indexer_decode_adapter"]
 
 
-# ---------------------------------------------------- DeepSeek-V4.1 (not selected yet)
+# ------------------------------------------------------------------- DeepSeek-V4.1
 
 
 def test_v41_backend_swa_builder_and_heads(v41_results):

@@ -5,8 +5,8 @@ upstream").
 Two upstream modules: DeepSeek-V4's ``cache_utils`` and DeepSeek-V4.1's own copy
 (``deepseek_v41/common/ops/cache_utils.py``: the same four functions, with V4.1's record
 formats added; on SM80 V4.1 keeps V4's 584-byte record, which is what is compared here).
-V4.1 is not ported (docs/v41-status.md); this checks that our kernels are drop-ins for its
-ops too, including its compress ratios 1 and 2.
+V4.1's SM80 path (docs/v41-status.md) calls ours in their place; this checks that they are
+drop-ins for its ops too, including its compress ratios 1 and 2.
 
 Upstream's kernels are imported from the applied tree (``bench/upstream_import.py``: the
 tree on ``sys.path`` without vLLM's binaries). Its FP8 Triton kernels need ``fp8e4nv``

@@ -100,9 +100,7 @@ class CandidateStep:
             blk = blk.clamp(max=nb - 1).expand_as(keys)
             self.best.scatter_reduce_(1, blk, keys, "amax")
             return keys
-        blk = blk.clamp(max=self.keep.shape[1] - 1)
-        keep = (self.keep[:, blk[0]] if blk.shape[0] == 1 and keys.shape[0] != 1
-                else self.keep.gather(1, blk.expand_as(keys)))
+        keep = self.keep.gather(1, blk.clamp(max=self.keep.shape[1] - 1).expand_as(keys))
         return torch.where(keep, keys, torch.full_like(keys, INT64_MIN))
 
     def finish(self) -> None:
@@ -210,7 +208,8 @@ def prefill_topk(
         c1 = int(ke.max())
         best = None
         if candidates is not None:
-            candidates.begin(r0, r1, (ke - ks).clamp(min=0), max(1, int((ke - ks).max())))
+            visible = (ke - ks).clamp(min=0)
+            candidates.begin(r0, r1, visible, max(1, int(visible.max())))
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
             buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)

@@ -86,6 +86,21 @@ class DeepseekSparseSWAAmpereBackend(DeepseekSparseSWABackend):
         return DeepseekSparseSWAAmpereMetadataBuilder
 
 
+def reserve_prefill_workspace(layer, q: torch.Tensor, output: torch.Tensor,
+                              swa_only: bool) -> None:
+    """Profile run (no metadata): reserve what ``_forward_prefill`` takes from vLLM's
+    shared workspace and zero the output. V4's and V4.1's Ampere layers."""
+    n = 0 if swa_only else -(-layer.max_model_len // layer.compress_ratio)
+    top_k = 0 if swa_only else layer.topk_indices_buffer.shape[-1]
+    current_workspace_manager().get_simultaneous(
+        ((layer.PREFILL_CHUNK_SIZE, n + layer.window_size + layer.max_num_batched_tokens,
+          q.shape[-1]), torch.bfloat16),
+        ((layer.max_num_batched_tokens, layer._combined_topk(top_k)), torch.int32),
+        ((layer.max_num_batched_tokens,), torch.int32),
+    )
+    output.zero_()
+
+
 class _VllmPrefillWorkspace:
     """Prefill scratch from vLLM's shared workspace manager (as upstream)."""
 
@@ -143,17 +158,7 @@ class DeepseekV4AmpereSparseAttention(AmpereOProjMixin, DeepseekV4Attention):
         attn_metadata = get_forward_context().attn_metadata
         swa_only = self.compress_ratio <= 1
         if attn_metadata is None:
-            # Profile run: reserve what _forward_prefill takes from the
-            # shared workspace.
-            n = 0 if swa_only else -(-self.max_model_len // self.compress_ratio)
-            top_k = 0 if swa_only else self.topk_indices_buffer.shape[-1]
-            current_workspace_manager().get_simultaneous(
-                ((self.PREFILL_CHUNK_SIZE, n + self.window_size + self.max_num_batched_tokens,
-                  q.shape[-1]), torch.bfloat16),
-                ((self.max_num_batched_tokens, self._combined_topk(top_k)), torch.int32),
-                ((self.max_num_batched_tokens,), torch.int32),
-            )
-            output.zero_()
+            reserve_prefill_workspace(self, q, output, swa_only)
             return
         assert isinstance(attn_metadata, dict)
         mla_md = cast("DeepseekV4FlashMLAMetadata | None", attn_metadata.get(self.prefix))

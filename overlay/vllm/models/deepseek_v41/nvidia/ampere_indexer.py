@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DeepSeek-V4.1 lightning indexer on SM80/SM86 (no DeepGEMM). Part of the V4.1 port,
-not selected yet (docs/v41-status.md of DeepInfer-SM80).
+"""DeepSeek-V4.1 lightning indexer on SM80/SM86 (no DeepGEMM): the indexer of
+``DeepseekV41AmpereSparseAttention`` (docs/v41-status.md of DeepInfer-SM80).
 
 ``DeepseekV41AmpereIndexer`` is V4.1's ``DeepseekV4Indexer`` with
 * ``attn_cls`` -> V4's ``AmpereSparseAttnIndexer``, which takes V4.1's candidate blocks

@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """DeepSeek-V4.1 sparse MLA attention for SM80/SM86 (Ampere): the attention step.
 
-NOT SELECTED YET. Patch 6 refuses DeepSeek-V4.1 below 9.0 until the port is complete
-(docs/v41-status.md of DeepInfer-SM80); this class is its attention layer, with the
-Ampere indexer (``ampere_indexer.py``).
+Selected by V4.1's ``_select_dsv4_attn_cls`` (nvidia/model.py, patch 6) on capability
+8.x; status and what is left in docs/v41-status.md of DeepInfer-SM80.
 
 Same skeleton as V4.1's ``DeepseekV4FlashMLAAttention`` (``nvidia/flashmla.py``) with
 FlashMLA replaced by ``deepinfer_sm80.ampere.layer`` (this package's sparse-MLA kernels
@@ -33,6 +32,7 @@ from vllm.models.deepseek_v4.nvidia.ampere_sparse import (
     NoTileSchedulerMixin,
     Sm8xBackendMixin,
     _VllmPrefillWorkspace,
+    reserve_prefill_workspace,
 )
 from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
 from vllm.models.deepseek_v41.attention import DeepseekV4Attention
@@ -44,7 +44,6 @@ from vllm.models.deepseek_v41.sparse_mla import (
 )
 from vllm.utils.math_utils import round_up
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
-from vllm.v1.worker.workspace import current_workspace_manager
 
 if TYPE_CHECKING:
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
@@ -68,7 +67,7 @@ class DeepseekSparseSWAAmpereV41Backend(DeepseekSparseSWABackend):
 
 
 class DeepseekV41AmpereSparseAttention(DeepseekV4Attention):
-    """Sparse MLA attention layer for DeepSeek-V4.1 on SM80/SM86 (not selected yet)."""
+    """Sparse MLA attention layer for DeepSeek-V4.1 on SM80/SM86."""
 
     backend_cls = DeepseekV41AmpereSparseMLABackend
     swa_backend_cls = DeepseekSparseSWAAmpereV41Backend
@@ -80,7 +79,8 @@ class DeepseekV41AmpereSparseAttention(DeepseekV4Attention):
                 "prefill context parallelism needs FlashMLA (SM90+); DeepSeek-V4.1 on "
                 "SM80/SM86 runs without it")
         self._ampere_ops = ampere_layer.resolve_ops("cuda")
-        # The output projection is upstream's (docs/v41-status.md, port plan item 4).
+        # The output projection is upstream's dsv41_o_proj: below family 100 it is V4's
+        # deep_gemm_fp8_o_proj, which takes the bf16 wo_a path (patch 3).
         self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe(
             self._o_proj_block_size)
 
@@ -106,16 +106,7 @@ class DeepseekV41AmpereSparseAttention(DeepseekV4Attention):
         attn_metadata = get_forward_context().attn_metadata
         swa_only = self.compress_ratio == 0
         if attn_metadata is None:
-            # Profile run: reserve what _forward_prefill takes from the shared workspace.
-            n = 0 if swa_only else -(-self.max_model_len // self.compress_ratio)
-            top_k = 0 if swa_only else self.topk_indices_buffer.shape[-1]
-            current_workspace_manager().get_simultaneous(
-                ((self.PREFILL_CHUNK_SIZE, n + self.window_size + self.max_num_batched_tokens,
-                  q.shape[-1]), torch.bfloat16),
-                ((self.max_num_batched_tokens, self._combined_topk(top_k)), torch.int32),
-                ((self.max_num_batched_tokens,), torch.int32),
-            )
-            output.zero_()
+            reserve_prefill_workspace(self, q, output, swa_only)
             return
         assert isinstance(attn_metadata, dict)
         # The compressed cache and its metadata belong to the kv-source layer.
