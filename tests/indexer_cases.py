@@ -2,6 +2,8 @@
 so the float64 oracle's top-k sets, ties included, must be matched exactly.
 Imports nothing but torch."""
 
+from types import SimpleNamespace
+
 import torch
 
 from deepinfer_sm80.ampere import indexer as I
@@ -99,37 +101,63 @@ def check_prefill_candidate_mask(dev, row_chunk):
     assert masked > 0  # the mask really removed positions
 
 
-def check_decode_candidates(dev, write):
-    g = torch.Generator().manual_seed(7)
-    B, NN, H, D, bs, K, nblk, cbs = 3, 2, 8, 128, 64, 24, 4, 16
-    nb, maxb = 12, 4
+def decode_case(g, dev):
+    """A paged decode batch (3 requests x 2 rows, 8 heads, 64-entry pages, candidate blocks
+    of 16) with exact fp32 scoring; what ``decode_topk`` takes plus the float64 values the
+    oracle needs."""
+    B, NN, H, D, bs, nb, maxb = 3, 2, 8, 128, 64, 12, 4
     codes, vals = dyadic_fp8((nb, bs, D), g)
     sc = k_scales(nb * bs, g).view(nb, bs)
     pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
     pages[:, : bs * D] = codes.view(nb, -1)
     pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
     bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
-    qc, q64 = dyadic_fp8((B, NN, H, D), g)
-    w64 = dyadic_weights((B * NN, H), g)
     ctx = torch.tensor([[150, 151], [40, 41], [255, 256]])
-    if write:
-        cand = torch.full((B * NN, nblk), -7, dtype=torch.int32)
-    else:
-        cand = torch.randint(-1, 18, (B * NN, nblk), generator=g, dtype=torch.int32)
-    out = torch.full((B * NN, K), -7, dtype=torch.int32, device=dev)
-    cand_dev = cand.to(dev)
-    I.decode_topk(qc.to(dev), w64.float().to(dev), pages.to(dev), ctx.to(dev), bt.to(dev), bs,
-                  K, out, pages_per_tile=1, candidates=I.CandidateStep(cand_dev, cbs, write=write))
-    out, cand = out.cpu(), cand_dev.cpu()
-    for b in range(B):
-        kv64 = torch.cat([vals[int(p)] for p in bt[b]])
-        ks64 = torch.cat([sc[int(p)] for p in bt[b]])
+    return SimpleNamespace(B=B, NN=NN, H=H, D=D, bs=bs, K=24, nblk=4, cbs=16, vals=vals, sc=sc,
+                           bt=bt, ctx=ctx, pages_dev=pages.to(dev), bt_dev=bt.to(dev),
+                           ctx_dev=ctx.to(dev))
+
+
+def decode_queries(case, g):
+    """Fresh queries and weights for ``case``: (codes, float64 values, float64 weights)."""
+    qc, q64 = dyadic_fp8((case.B, case.NN, case.H, case.D), g)
+    return qc, q64, dyadic_weights((case.B * case.NN, case.H), g)
+
+
+def run_decode_candidates(case, qc_dev, w_dev, out, blocks, write):
+    I.decode_topk(qc_dev, w_dev, case.pages_dev, case.ctx_dev, case.bt_dev, case.bs, case.K, out,
+                  pages_per_tile=1, candidates=I.CandidateStep(blocks, case.cbs, write=write))
+
+
+def check_decode_rows(case, q64, w64, out, blocks, write):
+    """``out`` / ``blocks`` (CPU) against the float64 oracle: the written candidate blocks
+    and the plain top-k (write), or the top-k within the listed blocks (mask)."""
+    NN = case.NN
+    for b in range(case.B):
+        kv64 = torch.cat([case.vals[int(p)] for p in case.bt[b]])
+        ks64 = torch.cat([case.sc[int(p)] for p in case.bt[b]])
         L = logits64(q64[b], w64[b * NN:(b + 1) * NN], kv64, ks64)
         for i in range(NN):
-            r, n = b * NN + i, int(ctx[b, i])
+            r, n = b * NN + i, int(case.ctx[b, i])
             if write:
-                assert cand[r].tolist() == _oracle_candidates(L[i], n, cbs, nblk), r
-                want = I.reference_topk_sets(L[i:i + 1], torch.arange(L.shape[1]).unsqueeze(0) < n, K)[0]
+                assert blocks[r].tolist() == _oracle_candidates(L[i], n, case.cbs, case.nblk), r
+                want = I.reference_topk_sets(L[i:i + 1], torch.arange(L.shape[1]).unsqueeze(0) < n,
+                                             case.K)[0]
             else:
-                want = _oracle_masked_topk(L[i], n, cand[r].tolist(), cbs, K)
+                want = _oracle_masked_topk(L[i], n, blocks[r].tolist(), case.cbs, case.K)
             assert {j for j in out[r].tolist() if j >= 0} == want, r
+
+
+def check_decode_candidates(dev, write):
+    g = torch.Generator().manual_seed(7)
+    case = decode_case(g, dev)
+    qc, q64, w64 = decode_queries(case, g)
+    rows = case.B * case.NN
+    if write:
+        cand = torch.full((rows, case.nblk), -7, dtype=torch.int32)
+    else:
+        cand = torch.randint(-1, 18, (rows, case.nblk), generator=g, dtype=torch.int32)
+    out = torch.full((rows, case.K), -7, dtype=torch.int32, device=dev)
+    cand_dev = cand.to(dev)
+    run_decode_candidates(case, qc.to(dev), w64.float().to(dev), out, cand_dev, write)
+    check_decode_rows(case, q64, w64, out.cpu(), cand_dev.cpu(), write)

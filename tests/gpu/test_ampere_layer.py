@@ -137,17 +137,22 @@ def test_v41_prefill_chunks(ratio, seq_lens, qlens, heads):
     assert worst <= 2e-2
 
 
-@pytest.mark.parametrize("ratio", [4, 128])
-def test_decode_cuda_graph_replay_equals_eager(ratio):
-    """Capture the decode step (indexer top-k + index mapping + attention),
-    replay it on fresh inputs and compare bit-for-bit with eager."""
+@pytest.mark.parametrize("v41,ratio", [(False, 4), (False, 128), (True, 1), (True, 2)])
+def test_decode_cuda_graph_replay_equals_eager(v41, ratio):
+    """Capture the decode step (V4: indexer top-k + index mapping + attention; V4.1: the
+    supplied top-k through the global-index path + attention), replay it on fresh inputs and
+    compare bit-for-bit with eager."""
     w = C.build_world(ratio=ratio, seq_lens=[3000, 2100, 700, 4100], heads=64, device="cuda",
-                      seed=300 + ratio)
+                      seed=300 + ratio, v41=v41)
     md = C.decode_metadata(w, 6)
+    rows = md.tok_pos + [0, 0]
     g = torch.Generator().manual_seed(5)
-    q, iq, iw = C.make_queries(w, md.tok_pos + [0, 0], g)
+    q, iq, iw = C.make_queries(w, rows, g)
     out = torch.empty_like(q)
-    topk = torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda")
+    if v41:
+        topk = C.v41_topk(w, rows, g)
+    else:
+        topk = torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -159,20 +164,23 @@ def test_decode_cuda_graph_replay_equals_eager(ratio):
         C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
     for seed in (6, 7):
         g = torch.Generator().manual_seed(seed)
-        q2, iq2, iw2 = C.make_queries(w, md.tok_pos + [0, 0], g)
+        q2, iq2, iw2 = C.make_queries(w, rows, g)
         q.copy_(q2), iq.copy_(iq2), iw.copy_(iw2)
+        topk2 = C.v41_topk(w, rows, g) if v41 else None
+        if v41:
+            topk.copy_(topk2)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         replayed, replayed_topk = out.clone(), topk.clone()
-        eager, eager_topk = C.run_decode(w, md, OPS, q2, iq2, iw2)
+        eager, eager_topk = C.run_decode(w, md, OPS, q2, iq2, iw2, topk_buf=topk2)
         torch.cuda.synchronize()
         assert torch.equal(replayed[: md.T], eager[: md.T])
         if ratio == 4:
             assert torch.equal(replayed_topk[: md.T], eager_topk[: md.T])
         worst, _, _ = C.check_against_oracle(w, md, q2, iq2, iw2, replayed, replayed_topk)
         assert worst <= 2e-2
-    _log(f"cuda graph ratio={ratio}", {"replay_equals_eager": True})
+    _log(f"cuda graph {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
 
 
 @pytest.mark.parametrize("heads,groups", [(64, 8), (8, 1)])
