@@ -29,7 +29,7 @@ $(STAMP_TOOL): pyproject.toml
 $(STAMP_TORCH): $(STAMP_TOOL)
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION) ninja numpy
 	@$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==$(TRITON_VERSION)
-	@$(PY) -c 'import fastapi, transformers, xgrammar' 2>/dev/null || $(PY) -m pip install -q -e '.[vllm-cpu-deps]'
+	@$(PY) -c 'import fastapi, transformers, xgrammar, tilelang' 2>/dev/null || $(PY) -m pip install -q -e '.[vllm-cpu-deps]'
 	@touch $@
 
 .PHONY: venv venv-torch help

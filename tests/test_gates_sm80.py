@@ -329,6 +329,33 @@ def test_every_warmup_a_dsv4_model_registers_on_sm8x_compiles(trees, deps, cap) 
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("cap,hidden", [("8.0", 4096), ("8.6", 4096), ("8.6", 7168)])
+def test_dsv4_mhc_tilelang_warmups_compile_for_sm8x(trees, deps, cap, hidden, monkeypatch
+                                                   ) -> None:
+    """Every DeepSeek-V4 layer runs vLLM's TileLang mHC kernels (pre with the fused
+    RMSNorm, fused post + pre, post, hc_head); no patch touches them. Each warmup key the
+    first decoder layer and the model register (hidden 4096: V4-Flash, 7168: V4-Pro)
+    compiles for the part's architecture with TileLang's nvcc step (ptxas for sm_80 /
+    sm_86), without PDL (9.0+) and without any SM90-only feature in the generated
+    source. The numerics of that code: tests/gpu/test_mhc_tilelang_sm80.py."""
+    monkeypatch.setenv("DEEPINFER_MHC_HIDDEN", str(hidden))
+    got = harness.run_probes(trees["patched"], [cap], probes=("mhc_tilelang_aot",),
+                             timeout=1800)[cap]["mhc_tilelang_aot"]
+    if got.get("skipped", "").startswith("tilelang not installed"):
+        pytest.skip(got["skipped"])
+    assert "error" not in got, got
+    assert got["enable_pdl"] is False and got["hidden"] == hidden
+    assert got["targets"] == [f"sm_{cap.replace('.', '')}"], got
+    assert got["sm90_only"] == {}, got
+    kernels = got["kernels"]
+    assert set(kernels) == {"MhcPreBigFuseTileLangKernel", "HcPrenormGemmTileLangKernel",
+                            "MhcPostTileLangKernel", "MhcFusedTileLangKernel",
+                            "HcHeadFusedTileLangKernel"}, kernels
+    for kernel, entry in kernels.items():
+        assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (kernel, entry)
+
+
+@pytest.mark.network
 def test_pristine_warmups_fail_to_compile_on_sm80(trees, deps) -> None:
     """The check above can fail: upstream registers FP8 Triton and CuTeDSL kernels."""
     got = harness.run_probes(trees["pristine"], ["8.0"], probes=("warmup_aot",))["8.0"][

@@ -1225,6 +1225,107 @@ def probe_v41_fp8_aot() -> dict[str, Any]:
     return out
 
 
+#: PTX / CUDA features that need SM90 or newer; none may appear in SM80 code.
+SM90_ONLY_FEATURES = ("griddepcontrol", "cp.async.bulk", "wgmma", "setmaxnreg",
+                      "fence.proxy.async", "elect.sync", "stmatrix", "__cluster_dims__",
+                      "cudaGridDependencySynchronize", "tma_load", "tma_store")
+
+
+def _mhc_tilelang_registrations(cfg: Any, hidden: int, hc_mult: int = 4) -> list[tuple]:
+    """The TileLang mHC warmups DeepSeek-V4 registers on a CUDA device, with the model's
+    arguments: the first decoder layer on the first PP rank (nvidia/model.py:687-731,
+    ``include_pre_gemm_splits = is_deep_gemm_supported()``, False below 9.0) and the
+    model's ``hc_head`` (:935-946). eps 1e-6, hc_post_alpha 2.0, 20 Sinkhorn iterations
+    (DeepSeek-V4-Flash's config)."""
+    from vllm.model_executor.kernels.mhc import tilelang_kernels as K
+    from vllm.utils.deep_gemm import is_deep_gemm_supported
+
+    pre_splits = is_deep_gemm_supported()
+    eps = 1e-6
+    regs = [(K._MHC_PRE_BIG_FUSE_TILELANG_KERNEL, (cfg,), dict(
+        hidden_size=hidden, hc_mult=hc_mult, use_norm_weight=True,
+        include_pre_gemm_splits=pre_splits, include_broadcast_splits=True, rms_eps=eps,
+        hc_pre_eps=eps, hc_sinkhorn_eps=eps, hc_post_mult_value=2.0, sinkhorn_repeat=20,
+        norm_eps=(eps, eps), broadcast_norm_eps=eps))]
+    if not pre_splits:
+        regs.append((K._HC_PRENORM_GEMM_TILELANG_KERNEL, (cfg,), dict(
+            hidden_size=hidden, hc_mult=hc_mult, n_out=hc_mult * (2 + hc_mult))))
+    regs += [
+        (K._MHC_POST_TILELANG_KERNEL, (), dict(hidden_size=hidden, hc_mult=hc_mult)),
+        (K._MHC_FUSED_TILELANG_KERNEL, (cfg,), dict(hidden_size=hidden, hc_mult=hc_mult)),
+        (K._HC_HEAD_FUSED_TILELANG_KERNEL, (), dict(hidden_size=hidden, hc_mult=hc_mult,
+                                                     rms_eps=eps, hc_eps=eps)),
+    ]
+    return regs
+
+
+def probe_mhc_tilelang_aot() -> dict[str, Any]:
+    """Compile every TileLang mHC warmup key of DeepSeek-V4 (hidden 4096: V4-Flash;
+    $DEEPINFER_MHC_HIDDEN to change) for the probed capability's architecture, as vLLM
+    does at start-up (``VllmTileLangJitKernel.compile``: no launch), with the split-k grid
+    sized for the part's SMs (A100 108, SM86 84). Per kernel: keys, compiled, failures,
+    SM90-only features found in the generated CUDA source, and the targets compiled for."""
+    import os
+    import types as _types
+
+    try:
+        import tilelang  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"tilelang not installed ({exc})"}
+    if _CAPABILITY[0] >= 9:
+        return {"skipped": "only SM8x is probed"}
+    import torch
+
+    arch = f"sm_{_CAPABILITY[0]}{_CAPABILITY[1]}"
+    sms = 108 if tuple(_CAPABILITY) == (8, 0) else 84
+    hidden = int(os.environ.get("DEEPINFER_MHC_HIDDEN", "4096"))
+    saved_env = os.environ.get("TILELANG_DEFAULT_TARGET")
+    saved_props = torch.cuda.get_device_properties
+    os.environ["TILELANG_DEFAULT_TARGET"] = f'{{"kind": "cuda", "arch": "{arch}"}}'
+    torch.cuda.get_device_properties = lambda d=None: _types.SimpleNamespace(
+        multi_processor_count=sms, name=f"mocked {arch}")
+    try:
+        from vllm.model_executor.kernels.mhc import tilelang_kernels as K
+
+        K.compute_num_split.cache_clear()
+        cfg = _types.SimpleNamespace(
+            scheduler_config=_types.SimpleNamespace(max_num_batched_tokens=8192))
+        out: dict[str, Any] = {"enable_pdl": K.ENABLE_PDL, "hidden": hidden, "kernels": {}}
+        for kernel, args, kwargs in _mhc_tilelang_registrations(cfg, hidden):
+            entry = {"keys": 0, "compiled": 0, "failed": []}
+            for key in kernel.get_warmup_keys(*args, **kwargs):
+                entry["keys"] += 1
+                try:
+                    kernel.compile(key)
+                    entry["compiled"] += 1
+                except Exception as exc:
+                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                    if len(entry["failed"]) < 3:
+                        entry["failed"].append(f"{type(exc).__name__}: {msg}"[:300])
+            out["kernels"][type(kernel).__name__] = entry
+        found: dict[str, list[str]] = {}
+        targets: set[str] = set()
+        for name, obj in vars(K).items():
+            cache = getattr(obj, "_kernel_cache", None)
+            if not isinstance(cache, dict):
+                continue
+            for compiled in cache.values():
+                src = compiled.get_kernel_source()
+                hits = [f for f in SM90_ONLY_FEATURES if f in src]
+                if hits:
+                    found[name] = sorted(set(found.get(name, [])) | set(hits))
+                targets.add(str(compiled.target.attrs["arch"]))
+        out["sm90_only"] = found
+        out["targets"] = sorted(targets)
+        return out
+    finally:
+        torch.cuda.get_device_properties = saved_props
+        if saved_env is None:
+            os.environ.pop("TILELANG_DEFAULT_TARGET", None)
+        else:
+            os.environ["TILELANG_DEFAULT_TARGET"] = saved_env
+
+
 def _current_platform() -> Any:
     from vllm.platforms import current_platform
     return current_platform
@@ -1257,6 +1358,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "warmup_aot": probe_warmup_aot,
     "v41_fp8_aot": probe_v41_fp8_aot,
     "v41_ampere_construct": probe_v41_ampere_construct,
+    "mhc_tilelang_aot": probe_mhc_tilelang_aot,
 }
 
 
