@@ -11,8 +11,8 @@ source scripts/device/bundle_env.sh mhc
 SITE=/tmp/tlsite; rm -rf "$SITE"; mkdir -p "$SITE"
 tar xJf "$REPO/.tl/tilelang-site.tar.xz" -C "$SITE" || exit 2
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-CC=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
-export TILELANG_DEFAULT_TARGET="{\"kind\": \"cuda\", \"arch\": \"sm_80\", \"code\": [\"sm_$CC\"]}"
+DEV_CC=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
+export TILELANG_DEFAULT_TARGET="{\"kind\": \"cuda\", \"arch\": \"sm_80\", \"code\": [\"sm_$DEV_CC\"]}"
 $PY -c 'import tilelang; print("tilelang", tilelang.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
 t0=$SECONDS
 $PY -m pytest -q -s tests/gpu/test_mhc_tilelang_sm80.py > "$OUT/mhc.log" 2>&1 || rc=1

@@ -80,6 +80,10 @@ def mhc():
         def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
             return DeviceCapability(major=8, minor=0)
 
+        @classmethod
+        def is_arch_support_pdl(cls) -> bool:  # upstream asks torch for the device's major
+            return cls.get_device_capability().major >= 9
+
     platforms._current_platform = Sm80Platform()
     real = torch.cuda.get_device_properties
     torch.cuda.get_device_properties = lambda d=None: _SmCount(real(d), A100_SMS)
