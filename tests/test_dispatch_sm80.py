@@ -146,6 +146,8 @@ def _expect_sm8x(d: dict[str, Any]) -> list[str]:
     check(str(d["sparse_indexer_init"]).startswith("refused:")
           and "9.0" in d["sparse_indexer_init"],
           f"DeepGEMM indexer -> {d['sparse_indexer_init']}")
+    check(d["mhc_broadcast_route"] == "tilelang_pre",
+          f"first-layer mHC pre -> {d['mhc_broadcast_route']}")
     return bad
 
 
@@ -185,6 +187,7 @@ def test_pristine_tree_decides_otherwise_on_sm8x(decisions, cap: str) -> None:
     assert d["inv_rope_warmup"][0]["quantize"] is True
     assert "fp8_einsum" in d["o_proj"]["fp8"]
     assert d["sparse_indexer_init"] == "constructed"
+    assert d["mhc_broadcast_route"] == "deep_gemm"  # DeepGEMM, which SM8x lacks
     absent = decisions[("pristine", "absent")][cap]
     assert absent["indexer_warmup"]["fp8"] == ["warmup:FusedIndexerQRopeQuantTritonKernel.kernel"]
     assert any("indexer_attn" in w for w in absent["compressor_warmup"]["128/c4"])

@@ -1225,6 +1225,48 @@ def probe_v41_fp8_aot() -> dict[str, Any]:
     return out
 
 
+class _Stop(Exception):
+    """Ends a probed call once the decision is made."""
+
+
+def probe_mhc_broadcast_route() -> str:
+    """Which projection DeepSeek-V4's first-layer mHC pre (``mhc_pre_broadcast_tilelang``,
+    nvidia/model.py:750: the embedding arrives as (T, H)) takes: "deep_gemm"
+    (``tf32_hc_prenorm_gemm``, forced by ``use_tilelang_fallback=False``) or
+    "tilelang_pre" (``mhc_pre_tilelang`` on the broadcast residual). CPU tensors; the
+    kernels are stand-ins that record the call."""
+    import torch
+
+    import vllm.utils.deep_gemm as dg
+    from vllm.model_executor.kernels.mhc import tilelang as W
+    from vllm.model_executor.kernels.mhc import tilelang_kernels as K
+
+    T, hc, H = 2, 4, 64
+    calls: list[str] = []
+
+    def pre(residual: Any, *args: Any, **kwargs: Any) -> tuple:
+        calls.append("tilelang_pre")
+        return (torch.zeros(T, hc, 1), torch.zeros(T, hc, hc),
+                torch.zeros(T, H, dtype=torch.bfloat16))
+
+    def gemm(*args: Any, **kwargs: Any) -> None:
+        calls.append("deep_gemm")
+        raise _Stop
+
+    mix = hc * (2 + hc)
+    with _patched([(W, "mhc_pre_tilelang", pre), (dg, "tf32_hc_prenorm_gemm", gemm),
+                   (K, "compute_num_split", lambda *a, **k: 1)]):
+        try:
+            W.mhc_pre_broadcast_tilelang(
+                torch.zeros(T, H, dtype=torch.bfloat16), torch.zeros(mix, hc * H),
+                torch.ones(3), torch.zeros(mix), 1e-6, 1e-6, 1e-6, 2.0, 20,
+                norm_weight=torch.ones(H, dtype=torch.bfloat16), norm_eps=1e-6,
+                fn_broadcast=torch.zeros(mix, H))
+        except _Stop:
+            pass
+    return calls[0] if calls else "none"
+
+
 #: PTX / CUDA features that need SM90 or newer; none may appear in SM80 code.
 SM90_ONLY_FEATURES = ("griddepcontrol", "cp.async.bulk", "wgmma", "setmaxnreg",
                       "fence.proxy.async", "elect.sync", "stmatrix", "__cluster_dims__",
@@ -1347,6 +1389,7 @@ PROBES: dict[str, Callable[[], Any]] = {
     "inv_rope_warmup": probe_inv_rope_warmup,
     "o_proj": probe_o_proj,
     "sparse_indexer_init": probe_sparse_indexer_init,
+    "mhc_broadcast_route": probe_mhc_broadcast_route,
 }
 
 #: Probes not in the default set (asked for by name): they need the patched tree or

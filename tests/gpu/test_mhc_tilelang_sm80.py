@@ -94,9 +94,9 @@ def mhc():
         yield wrappers, kernels
     finally:
         torch.cuda.get_device_properties = real
-    compiled = [(name, str(ck.target)) for name in dir(kernels)
-                for ck in getattr(getattr(kernels, name), "_kernel_cache", {}).values()
-                if isinstance(getattr(getattr(kernels, name), "_kernel_cache", None), dict)]
+    compiled = [(name, str(ck.target)) for name, obj in vars(kernels).items()
+                if isinstance(getattr(obj, "_kernel_cache", None), dict)
+                for ck in obj._kernel_cache.values()]
     print("tilelang kernels compiled:", json.dumps(sorted({n for n, _ in compiled})))
     assert compiled and all('"arch":"sm_80"' in t.replace(" ", "") for _, t in compiled), compiled
 
@@ -118,7 +118,7 @@ def _rmsnorm_bf16_input(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.T
 def pre_ref(residual, fn, scale, base, norm_weight=None, norm_eps=EPS):
     """mHC pre block: (post_mix [T, hc, 1], comb_mix [T, hc, hc], layer_input [T, H])."""
     T, hc, H = residual.shape
-    x = residual.double()
+    x = residual.double()  # bf16 input, or a float64 residual not rounded yet
     m = _mixes(x.reshape(T, hc * H), fn.double(), EPS)
     s, b = scale.double(), base.double()
     pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + EPS
@@ -243,8 +243,11 @@ def test_mhc_post(mhc, H, T):
 @pytest.mark.parametrize("H", [4096, 7168])
 def test_mhc_fused_post_pre(mhc, H, T):
     """Post of one sublayer and pre of the next (the fused kernel up to 32 tokens, post +
-    split-k GEMM + pre above), with the next sublayer's RMSNorm fused."""
-    wrappers, _ = mhc
+    split-k GEMM + pre above), with the next sublayer's RMSNorm fused. The fused kernel
+    projects the new residual before rounding it to bf16, the separate kernels project the
+    bf16 residual they wrote: the reference does the same."""
+    wrappers, kernels = mhc
+    fused = kernels.mhc_fused_post_pre_split_config(T, H, HC) is not None
     g = torch.Generator().manual_seed(90 + H + T)
     fn, scale, base, norm_w = _weights(H, g)
     res = _residual(T, H, g)
@@ -256,8 +259,8 @@ def test_mhc_fused_post_pre(mhc, H, T):
     torch.cuda.synchronize()
     r_res = post_ref(x, res, post_in, comb_in)
     _close(f"fused H={H} T={T} residual", res_cur, r_res, BF16_TOL)
-    # the pre block reads the residual it wrote (bf16)
-    rp, rc, rl = pre_ref(res_cur, fn, scale, base, norm_w)
+    rp, rc, rl = pre_ref(r_res if fused else res_cur, fn, scale, base, norm_w)
+    print(f"fused H={H} T={T}: {'one fused kernel' if fused else 'post, GEMM, pre'}")
     _close(f"fused H={H} T={T} post_mix", post, rp, MIX_TOL)
     _close(f"fused H={H} T={T} comb_mix", comb, rc, MIX_TOL)
     _close(f"fused H={H} T={T} layer_input", li, rl, BF16_TOL)
