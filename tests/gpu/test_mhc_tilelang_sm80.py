@@ -278,3 +278,94 @@ def test_hc_head(mhc, H, T):
     out = wrappers.hc_head_fused_kernel_tilelang(res, fn, scale, base, EPS, EPS)
     torch.cuda.synchronize()
     _close(f"hc_head H={H} T={T}", out, hc_head_ref(res, fn, scale, base), BF16_TOL)
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-V4.1: the delayed pre block (the collapse uses the pre-mix the previous sublayer
+# carried in; the model's entry takes residual stream 0 and projects the (T, H) embedding)
+# ---------------------------------------------------------------------------
+V41_H = 5120  # DeepSeek-V4.1-Flash
+
+
+def pre_delayed_ref(residual, fn, scale, base, pre_mix=None, x=None, norm_weight=None):
+    """(post_mix [T, hc, 1], comb_mix, layer_input, next_pre_mix [T, hc]) in float64."""
+    T, hc, H = residual.shape
+    proj = (residual.double().reshape(T, hc * H) if x is None else x.double())
+    m = _mixes(proj, fn.double(), EPS)
+    s, b = scale.double(), base.double()
+    pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + EPS
+    post = torch.sigmoid(m[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * POST_ALPHA
+    comb = torch.softmax(m[:, 2 * hc:].view(T, hc, hc) * s[2] + b[2 * hc:].view(hc, hc), -1) + EPS
+    comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    for _ in range(SINKHORN - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + EPS)
+        comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    li = (residual[:, 0].double() if pre_mix is None
+          else (pre_mix.double().unsqueeze(-1) * residual.double()).sum(1))
+    if norm_weight is not None:
+        li = _rmsnorm_bf16_input(li, norm_weight, EPS)
+    return post.unsqueeze(-1), comb, li, pre
+
+
+def _carried_pre_mix(T, g):
+    return (torch.sigmoid(torch.randn(T, HC, generator=g)) + EPS).cuda()
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("entry", ["embedding", "carried"])
+@pytest.mark.parametrize("T", [1, 8, 128, 1000])
+def test_v41_mhc_pre_delayed(mhc, T, entry, norm):
+    wrappers, _ = mhc
+    H = V41_H
+    g = torch.Generator().manual_seed(130 + T + 2 * norm + (entry == "carried"))
+    fn, scale, base, norm_w = _weights(H, g)
+    nw = norm_w if norm else None
+    if entry == "embedding":
+        x = torch.randn(T, H, generator=g).to(torch.bfloat16).cuda()
+        res = x.unsqueeze(1).expand(T, HC, H).contiguous()
+        fn_in, pre_in = fn.view(-1, HC, H).sum(dim=1).contiguous(), None
+    else:
+        x, res, fn_in, pre_in = None, _residual(T, H, g), fn, _carried_pre_mix(T, g)
+    post, comb, li, nxt = wrappers.mhc_pre_delayed_tilelang(
+        res, *_args(fn_in, scale, base), pre_mix=pre_in, x=x, norm_weight=nw, norm_eps=EPS)
+    torch.cuda.synchronize()
+    rp, rc, rl, rn = pre_delayed_ref(res, fn_in, scale, base, pre_in, x, nw)
+    name = f"v41 pre T={T} {entry} norm={norm}"
+    _close(f"{name} post_mix", post, rp, MIX_TOL)
+    _close(f"{name} comb_mix", comb, rc, MIX_TOL)
+    _close(f"{name} next_pre_mix", nxt, rn, MIX_TOL)
+    _close(f"{name} layer_input", li, rl, BF16_TOL)
+
+
+@pytest.mark.parametrize("capture_aux", [False, True])
+@pytest.mark.parametrize("T", [1, 7, 32, 33, 128])
+def test_v41_mhc_fused_post_pre_delayed(mhc, T, capture_aux):
+    """V4.1's shifted post + pre on SM80 (overlap and Mega-mHC need family 100): post, then
+    the delayed pre on the new residual with the carried pre-mix and the fused RMSNorm;
+    the draft models' stream mean (aux) when asked for."""
+    wrappers, kernels = mhc
+    H = V41_H
+    fused = kernels.mhc_fused_post_pre_split_config(T, H, HC) is not None
+    g = torch.Generator().manual_seed(150 + T + capture_aux)
+    fn, scale, base, norm_w = _weights(H, g)
+    res = _residual(T, H, g)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16).cuda()
+    post_in, comb_in = _mixes_in(T, g)
+    pre_in = _carried_pre_mix(T, g)
+    res_cur, post, comb, li, nxt, aux = wrappers.mhc_fused_post_pre_delayed_tilelang(
+        x, res, post_in, comb_in, *_args(fn, scale, base), pre_mix=pre_in,
+        norm_weight=norm_w, norm_eps=EPS, capture_aux=capture_aux)
+    torch.cuda.synchronize()
+    r_res = post_ref(x, res, post_in, comb_in)
+    name = f"v41 fused T={T} ({'one fused kernel' if fused else 'post, GEMM, pre'})"
+    _close(f"{name} residual", res_cur, r_res, BF16_TOL)
+    rp, rc, rl, rn = pre_delayed_ref(r_res if fused else res_cur, fn, scale, base, pre_in,
+                                     None, norm_w)
+    _close(f"{name} post_mix", post, rp, MIX_TOL)
+    _close(f"{name} comb_mix", comb, rc, MIX_TOL)
+    _close(f"{name} next_pre_mix", nxt, rn, MIX_TOL)
+    _close(f"{name} layer_input", li, rl, BF16_TOL)
+    if capture_aux:
+        _close(f"{name} aux", aux, r_res.mean(dim=1), BF16_TOL)
+    else:
+        assert aux.numel() == 0
