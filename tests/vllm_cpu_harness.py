@@ -733,6 +733,20 @@ def probe_warmup_aot() -> dict[str, Any]:
     return results
 
 
+def _compile_each(kernel: Any, keys: Any, entry: dict[str, Any]) -> None:
+    """``kernel.compile(key)`` for each key (vLLM's compile-only warmup), counted into
+    ``entry`` ("keys", "compiled", and the first three failures' last lines)."""
+    for key in keys:
+        entry["keys"] += 1
+        try:
+            kernel.compile(key)
+            entry["compiled"] += 1
+        except Exception as exc:
+            msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            if len(entry["failed"]) < 3:
+                entry["failed"].append(f"{type(exc).__name__}: {msg}"[:300])
+
+
 def _compile_registered_warmups(registrations: list[tuple[Any, tuple, dict]], cfg: Any
                                 ) -> dict[str, Any]:
     """Compile every key of the captured ``register_warmup`` calls ahead of time for the
@@ -758,15 +772,7 @@ def _compile_registered_warmups(registrations: list[tuple[Any, tuple, dict]], cf
                     keys.update(dict.fromkeys(kernel.get_warmup_keys(*args, **kwargs)))
             except Exception as exc:
                 entry["failed"].append(f"get_warmup_keys: {type(exc).__name__}: {exc}"[:200])
-            for key in keys:
-                entry["keys"] += 1
-                try:
-                    kernel.compile(key)
-                    entry["compiled"] += 1
-                except Exception as exc:
-                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-                    if len(entry["failed"]) < 3:
-                        entry["failed"].append(f"{type(exc).__name__}: {msg}"[:200])
+            _compile_each(kernel, keys, entry)
             results[_kernel_name(kernel)] = entry
     finally:
         driver._active = saved
@@ -1335,15 +1341,7 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
         out: dict[str, Any] = {"enable_pdl": K.ENABLE_PDL, "hidden": hidden, "kernels": {}}
         for kernel, args, kwargs in _mhc_tilelang_registrations(cfg, hidden):
             entry = {"keys": 0, "compiled": 0, "failed": []}
-            for key in kernel.get_warmup_keys(*args, **kwargs):
-                entry["keys"] += 1
-                try:
-                    kernel.compile(key)
-                    entry["compiled"] += 1
-                except Exception as exc:
-                    msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-                    if len(entry["failed"]) < 3:
-                        entry["failed"].append(f"{type(exc).__name__}: {msg}"[:300])
+            _compile_each(kernel, kernel.get_warmup_keys(*args, **kwargs), entry)
             out["kernels"][type(kernel).__name__] = entry
         found: dict[str, list[str]] = {}
         targets: set[str] = set()

@@ -115,11 +115,11 @@ def _rmsnorm_bf16_input(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.T
     return vb * torch.rsqrt(vb.square().mean(-1, keepdim=True) + eps) * w.double()
 
 
-def pre_ref(residual, fn, scale, base, norm_weight=None, norm_eps=EPS):
-    """mHC pre block: (post_mix [T, hc, 1], comb_mix [T, hc, hc], layer_input [T, H])."""
-    T, hc, H = residual.shape
-    x = residual.double()  # bf16 input, or a float64 residual not rounded yet
-    m = _mixes(x.reshape(T, hc * H), fn.double(), EPS)
+def mix_coefficients(proj, fn, scale, base, hc):
+    """The pre block's coefficients from its projection input ``proj`` [T, K]:
+    (pre [T, hc], post [T, hc], comb [T, hc, hc], Sinkhorn-normalised), float64."""
+    T = proj.shape[0]
+    m = _mixes(proj.double(), fn.double(), EPS)
     s, b = scale.double(), base.double()
     pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + EPS
     post = torch.sigmoid(m[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * POST_ALPHA
@@ -128,6 +128,14 @@ def pre_ref(residual, fn, scale, base, norm_weight=None, norm_eps=EPS):
     for _ in range(SINKHORN - 1):
         comb = comb / (comb.sum(-1, keepdim=True) + EPS)
         comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    return pre, post, comb
+
+
+def pre_ref(residual, fn, scale, base, norm_weight=None, norm_eps=EPS):
+    """mHC pre block: (post_mix [T, hc, 1], comb_mix [T, hc, hc], layer_input [T, H])."""
+    T, hc, H = residual.shape
+    x = residual.double()  # bf16 input, or a float64 residual not rounded yet
+    pre, post, comb = mix_coefficients(x.reshape(T, hc * H), fn, scale, base, hc)
     li = (pre.unsqueeze(-1) * x).sum(1)
     if norm_weight is not None:
         li = _rmsnorm_bf16_input(li, norm_weight, norm_eps)
@@ -290,16 +298,8 @@ V41_H = 5120  # DeepSeek-V4.1-Flash
 def pre_delayed_ref(residual, fn, scale, base, pre_mix=None, x=None, norm_weight=None):
     """(post_mix [T, hc, 1], comb_mix, layer_input, next_pre_mix [T, hc]) in float64."""
     T, hc, H = residual.shape
-    proj = (residual.double().reshape(T, hc * H) if x is None else x.double())
-    m = _mixes(proj, fn.double(), EPS)
-    s, b = scale.double(), base.double()
-    pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + EPS
-    post = torch.sigmoid(m[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * POST_ALPHA
-    comb = torch.softmax(m[:, 2 * hc:].view(T, hc, hc) * s[2] + b[2 * hc:].view(hc, hc), -1) + EPS
-    comb = comb / (comb.sum(-2, keepdim=True) + EPS)
-    for _ in range(SINKHORN - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + EPS)
-        comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    proj = residual.double().reshape(T, hc * H) if x is None else x
+    pre, post, comb = mix_coefficients(proj, fn, scale, base, hc)
     li = (residual[:, 0].double() if pre_mix is None
           else (pre_mix.double().unsqueeze(-1) * residual.double()).sum(1))
     if norm_weight is not None:
