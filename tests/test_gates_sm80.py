@@ -330,32 +330,53 @@ def test_every_warmup_a_dsv4_model_registers_on_sm8x_compiles(trees, deps, cap) 
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("cap,hidden", [("8.0", 4096), ("8.6", 4096), ("8.6", 7168)])
-def test_dsv4_mhc_tilelang_warmups_compile_for_sm8x(trees, deps, cap, hidden, monkeypatch
-                                                   ) -> None:
-    """Every DeepSeek-V4 layer runs vLLM's TileLang mHC kernels (pre with the fused
-    RMSNorm, fused post + pre, post, hc_head); no patch touches them. Each warmup key the
-    first decoder layer and the model register (hidden 4096: V4-Flash, 7168: V4-Pro)
-    compiles for the part's architecture with TileLang's nvcc step (ptxas for sm_80 /
-    sm_86), without PDL (9.0+) and without any SM90-only feature in the generated
-    source. The numerics of that code: tests/gpu/test_mhc_tilelang_sm80.py."""
+@pytest.mark.parametrize("cap,hidden,model", [
+    ("8.0", 4096, "v4"), ("8.6", 4096, "v4"), ("8.6", 7168, "v4"), ("8.0", 5120, "v41"),
+    ("8.6", 5120, "v41")])
+def test_dsv4_mhc_tilelang_warmups_compile_for_sm8x(trees, deps, cap, hidden, model,
+                                                   monkeypatch) -> None:
+    """Every DeepSeek-V4 / V4.1 layer runs vLLM's TileLang mHC kernels (pre with the
+    fused RMSNorm, fused post + pre, post, hc_head); only patch 8 touches their routing.
+    Each warmup key the first V4 decoder layer and the model register (hidden 4096:
+    V4-Flash, 7168: V4-Pro), or a V4.1 decoder layer (5120), compiles for the part's
+    architecture with TileLang's nvcc step (ptxas for sm_80 / sm_86), without PDL (9.0+)
+    and without any SM90-only feature in the generated source. The numerics of that
+    code: tests/gpu/test_mhc_tilelang_sm80.py."""
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc (TileLang compiles its CUDA source with it)")
     monkeypatch.setenv("DEEPINFER_MHC_HIDDEN", str(hidden))
+    monkeypatch.setenv("DEEPINFER_MHC_MODEL", model)
     got = harness.run_probes(trees["patched"], [cap], probes=("mhc_tilelang_aot",),
                              timeout=1800)[cap]["mhc_tilelang_aot"]
     if got.get("skipped", "").startswith("tilelang not installed"):
         pytest.skip(got["skipped"])
     assert "error" not in got, got
-    assert got["enable_pdl"] is False and got["hidden"] == hidden
+    assert got["enable_pdl"] is False and (got["hidden"], got["model"]) == (hidden, model)
     assert got["targets"] == [f"sm_{cap.replace('.', '')}"], got
     assert got["sm90_only"] == {}, got
     kernels = got["kernels"]
-    assert set(kernels) == {"MhcPreBigFuseTileLangKernel", "HcPrenormGemmTileLangKernel",
-                            "MhcPostTileLangKernel", "MhcFusedTileLangKernel",
-                            "HcHeadFusedTileLangKernel"}, kernels
+    assert set(kernels) == ({"MHCPreNormKernel"} if model == "v41" else {
+        "MhcPreBigFuseTileLangKernel", "HcPrenormGemmTileLangKernel", "MhcPostTileLangKernel",
+        "MhcFusedTileLangKernel", "HcHeadFusedTileLangKernel"}), kernels
     for kernel, entry in kernels.items():
         assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (kernel, entry)
+
+
+@pytest.mark.network
+def test_mhc_compile_check_can_fail(trees, deps, monkeypatch) -> None:
+    """The check above, with PDL forced on (what 9.0+ compiles): SM90-only code that must
+    not pass for sm_80, and does not."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc (TileLang compiles its CUDA source with it)")
+    monkeypatch.setenv("DEEPINFER_MHC_FORCE_PDL", "1")
+    got = harness.run_probes(trees["patched"], ["8.0"], probes=("mhc_tilelang_aot",),
+                             timeout=1800)["8.0"]["mhc_tilelang_aot"]
+    if got.get("skipped", "").startswith("tilelang not installed"):
+        pytest.skip(got["skipped"])
+    assert got["enable_pdl"] is True and len(got["kernels"]) == 5, got
+    for kernel, entry in got["kernels"].items():
+        assert entry["keys"] > 0 and entry["compiled"] == 0, (kernel, entry)
+        assert all("PDL" in f for f in entry["failed"]), (kernel, entry)
 
 
 @pytest.mark.network

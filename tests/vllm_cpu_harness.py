@@ -1307,9 +1307,31 @@ def _mhc_tilelang_registrations(cfg: Any, hidden: int, hc_mult: int = 4) -> list
     return regs
 
 
+def _mhc_v41_registrations(cfg: Any, hidden: int, hc_mult: int = 4) -> list[tuple]:
+    """The mHC warmups a DeepSeek-V4.1 decoder layer registers on a CUDA device
+    (deepseek_v41/nvidia/model.py:435-497) without a side stream for the shifted mHC
+    (family 100 only) and without a draft: ``MHC_PRE_NORM_KERNEL`` for the broadcast
+    embedding and for the hc stream without and with the carried pre-mix."""
+    from vllm.model_executor.kernels.mhc.tilelang_kernels import mhc_fused_post_pre_splits
+    from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
+
+    eps = 1e-6
+    stream = {"rms_numel": hc_mult * hidden,
+              "extra_splits": mhc_fused_post_pre_splits(hidden, hc_mult)}
+    variants = [{"rms_numel": hidden, "use_pre_mix_in": False, "extra_splits": ()},
+                {**stream, "use_pre_mix_in": False}, {**stream, "use_pre_mix_in": True}]
+    return [(MHC_PRE_NORM_KERNEL, (), dict(
+        split_mode="fused", max_tokens=cfg.scheduler_config.max_num_batched_tokens,
+        hidden_size=hidden, rms_eps=eps, hc_pre_eps=eps, hc_sinkhorn_eps=eps,
+        hc_post_mult_value=2.0, sinkhorn_repeat=20, norm_eps=eps, hc_mult=hc_mult, **v))
+        for v in variants]
+
+
 def probe_mhc_tilelang_aot() -> dict[str, Any]:
     """Compile every TileLang mHC warmup key of DeepSeek-V4 (hidden 4096: V4-Flash;
-    $DEEPINFER_MHC_HIDDEN to change) for the probed capability's architecture, as vLLM
+    $DEEPINFER_MHC_HIDDEN to change; $DEEPINFER_MHC_MODEL=v41: DeepSeek-V4.1's decoder
+    layer instead; $DEEPINFER_MHC_FORCE_PDL=1: a control with PDL forced on) for the
+    probed capability's architecture, as vLLM
     does at start-up (``VllmTileLangJitKernel.compile``: no launch), with the split-k grid
     sized for the part's SMs (A100 108, SM86 84). Per kernel: keys, compiled, failures,
     SM90-only features found in the generated CUDA source, and the targets compiled for."""
@@ -1327,6 +1349,7 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
     arch = f"sm_{_CAPABILITY[0]}{_CAPABILITY[1]}"
     sms = 108 if tuple(_CAPABILITY) == (8, 0) else 84
     hidden = int(os.environ.get("DEEPINFER_MHC_HIDDEN", "4096"))
+    model = os.environ.get("DEEPINFER_MHC_MODEL", "v4")
     saved_env = os.environ.get("TILELANG_DEFAULT_TARGET")
     saved_props = torch.cuda.get_device_properties
     os.environ["TILELANG_DEFAULT_TARGET"] = f'{{"kind": "cuda", "arch": "{arch}"}}'
@@ -1336,17 +1359,26 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
         from vllm.model_executor.kernels.mhc import tilelang_kernels as K
 
         K.compute_num_split.cache_clear()
+        if os.environ.get("DEEPINFER_MHC_FORCE_PDL") == "1":  # control: SM90-only code in
+            K.ENABLE_PDL = True  # every kernel (griddepcontrol), which must not pass
         cfg = _types.SimpleNamespace(
             scheduler_config=_types.SimpleNamespace(max_num_batched_tokens=8192))
-        out: dict[str, Any] = {"enable_pdl": K.ENABLE_PDL, "hidden": hidden, "kernels": {}}
-        for kernel, args, kwargs in _mhc_tilelang_registrations(cfg, hidden):
-            entry = {"keys": 0, "compiled": 0, "failed": []}
+        out: dict[str, Any] = {"enable_pdl": K.ENABLE_PDL, "hidden": hidden, "model": model,
+                               "kernels": {}}
+        regs = (_mhc_v41_registrations if model == "v41" else _mhc_tilelang_registrations)(
+            cfg, hidden)
+        for kernel, args, kwargs in regs:
+            entry = out["kernels"].setdefault(type(kernel).__name__,
+                                              {"keys": 0, "compiled": 0, "failed": []})
             _compile_each(kernel, kernel.get_warmup_keys(*args, **kwargs), entry)
-            out["kernels"][type(kernel).__name__] = entry
+        from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
+
         found: dict[str, list[str]] = {}
         targets: set[str] = set()
-        for name, obj in vars(K).items():
-            cache = getattr(obj, "_kernel_cache", None)
+        caches = [(name, getattr(obj, "__dict__", {}).get("_kernel_cache"))
+                  for name, obj in vars(K).items()]
+        caches.append(("MHC_PRE_NORM_KERNEL", MHC_PRE_NORM_KERNEL._compiled_cache))
+        for name, cache in caches:
             if not isinstance(cache, dict):
                 continue
             for compiled in cache.values():
