@@ -84,6 +84,9 @@ def mhc():
         def is_arch_support_pdl(cls) -> bool:  # upstream asks torch for the device's major
             return cls.get_device_capability().major >= 9
 
+    # Both stand-ins are undone afterwards: later tests in this process (make gpu-test runs
+    # tests/gpu in one) see the real device.
+    saved_platform = platforms._current_platform
     platforms._current_platform = Sm80Platform()
     real = torch.cuda.get_device_properties
     torch.cuda.get_device_properties = lambda d=None: _SmCount(real(d), A100_SMS)
@@ -94,6 +97,7 @@ def mhc():
         yield wrappers, kernels
     finally:
         torch.cuda.get_device_properties = real
+        platforms._current_platform = saved_platform
     compiled = [(name, str(ck.target)) for name, obj in vars(kernels).items()
                 if isinstance(getattr(obj, "_kernel_cache", None), dict)
                 for ck in obj._kernel_cache.values()]
