@@ -364,6 +364,17 @@ def test_dsv4_mhc_tilelang_warmups_compile_for_sm8x(trees, deps, cap, hidden, mo
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("cap", ["8.0", "8.6"])
+def test_short_context_topk_kernel_compiles_for_sm8x(trees, deps, cap) -> None:
+    """The indexer's short-context Triton kernel runs on SM8x (the SM80 indexers inherit
+    ``DeepseekV4Indexer.forward``) without any warmup compiling it first: V4's and V4.1's
+    compile for the part with their call sites' values."""
+    got = harness.run_probes(trees["patched"], [cap], probes=("short_context_topk_aot",))[
+        cap]["short_context_topk_aot"]
+    assert got == {"v4/4": "ok", "v41/1": "ok", "v41/2": "ok"}, got
+
+
+@pytest.mark.network
 def test_mhc_compile_check_can_fail(trees, deps, monkeypatch) -> None:
     """The check above, with PDL forced on (what 9.0+ compiles): SM90-only code that must
     not pass for sm_80, and does not."""

@@ -691,6 +691,36 @@ class _AotDriver:
         return self.target
 
 
+def probe_short_context_topk_aot() -> dict[str, Any]:
+    """The indexer's short-context kernel (``_fill_short_context_topk_indices``: every
+    candidate selected while a row sees no more than top-k of them) is launched bare from
+    ``DeepseekV4Indexer.forward``, which the SM80 indexers inherit, so no warmup compiles
+    it. Compile V4's and V4.1's for the probed capability with their call sites' values
+    (top-k 512 padded to 512, num_warps 8; ratio 4 for V4, 1 and 2 for V4.1):
+    "module/ratio" -> "ok" or the error's last line."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm.models.deepseek_v4 import attention as v4
+    from vllm.models.deepseek_v41 import attention as v41
+
+    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
+    sig = {"output": "*i32", "positions": "*i64", "TOP_K": "constexpr",
+           "COMPRESS_RATIO": "constexpr", "PADDED_TOP_K": "constexpr"}
+    out: dict[str, Any] = {}
+    for name, module, ratios in (("v4", v4, (4,)), ("v41", v41, (1, 2))):
+        for ratio in ratios:
+            src = ASTSource(module._fill_short_context_topk_indices, sig, constexprs={
+                "TOP_K": 512, "COMPRESS_RATIO": ratio, "PADDED_TOP_K": 512})
+            try:
+                kernel = triton.compile(src, target=target, options={"num_warps": 8})
+                out[f"{name}/{ratio}"] = "ok" if kernel.asm.get("cubin") else "no cubin"
+            except Exception as exc:
+                out[f"{name}/{ratio}"] = str(exc).strip().splitlines()[-1][:200]
+    return out
+
+
 def probe_warmup_aot() -> dict[str, Any]:
     """Compile, ahead of time for the probed capability, every JIT warmup key that a
     DeepSeek-V4 model's layers register on this tree (attention C4/C128/SWA layers with
@@ -1432,6 +1462,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "v41_fp8_aot": probe_v41_fp8_aot,
     "v41_ampere_construct": probe_v41_ampere_construct,
     "mhc_tilelang_aot": probe_mhc_tilelang_aot,
+    "short_context_topk_aot": probe_short_context_topk_aot,
 }
 
 
