@@ -11,7 +11,8 @@ Contents (top folder ``deepinfer-gpu-bundle/``):
 - ``csrc/``, ``overlay/deepinfer_sm80/``, ``tests/``, ``bench/``, ``docs/benchmarks.md``,
   ``scripts/``;
 - ``vllm-tree/``: the Python part of the applied vLLM tree (``vllm/**/*.py`` + LICENSE),
-  where ``bench/upstream_import.py`` finds upstream's kernels;
+  where ``bench/upstream_import.py`` finds upstream's kernels, and the few CUDA sources of
+  it that ``tests/vllm_c_ops.py`` builds as SM80 code (``VLLM_CSRC``);
 - ``wheelhouse/``: wheels of the few pure-Python packages that importing upstream's kernels
   reaches and a stock GPU image lacks, for the GPU box's Python (default CPython 3.12,
   manylinux x86_64). ``setup.sh`` installs only those whose module is missing, into
@@ -47,6 +48,12 @@ DEFAULT_OUT = REPO / "dist" / "deepinfer-gpu-bundle.tar.gz"
 # only the parent packages registered as empty modules (bench/upstream_import.py): of the
 # modules that chain reaches, the stock GPU image lacks only these.
 WHEELS = {"pyzmq": "zmq"}
+
+# CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
+# vLLM's SWA writer and the headers it includes; tests/test_vllm_c_build.py keeps the two
+# lists in step).
+VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type_convert.cuh",
+             "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",
@@ -229,6 +236,9 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
                 if src.exists():
                     _add_tree(tar, src, f"{TOP}/{rel}")
             nvllm = _add_tree(tar, tree / "vllm", f"{TOP}/vllm-tree/vllm", only_py=True)
+            for rel in VLLM_CSRC:
+                if (tree / rel).is_file():
+                    tar.add(tree / rel, arcname=f"{TOP}/vllm-tree/{rel}")
             if (tree / "LICENSE").is_file():
                 tar.add(tree / "LICENSE", arcname=f"{TOP}/vllm-tree/LICENSE")
             for w in wheels:

@@ -1,0 +1,276 @@
+"""vLLM's own DeepSeek-V4 SWA writer (``csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu``),
+built outside vLLM as a small shared library and called through ctypes, so that the GPU
+tests can run it as SM80 code next to its SM90 build.
+
+Why: on SM8x every DeepSeek-V4/V4.1 attention layer calls this compiled op first
+(``torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert``: Q RMSNorm + RoPE and the
+padded Q; KV RoPE, UE8M0/e4m3 quantisation and the 584-byte record insert), and V4.1's
+``forward_kv`` and DSpark call ``fused_deepseek_v4_kv_rope_insert``. vLLM builds the file for
+every CUDA architecture; built for sm_80 its FP8 conversion is cuda_fp8.h's software path
+instead of the SM89+ instruction. Nothing else here compiles it as SM80 code and runs it.
+
+The library is the kernel half of the upstream file (cut before its stable-ABI torch
+wrappers, ``CUT_MARKER``) plus ``tests/vllm_c/insert_harness.cu`` (C entry points) and
+``tests/vllm_c/torch_utils.h`` (a stand-in for vLLM's header that can report a capability).
+It needs nvcc and torch's header-only headers, no libtorch link.
+
+Variants (``VARIANTS``): ``sm80`` is compute_80 code, SASS for sm_80/86/90 from it plus the
+PTX, reporting capability 8.0 to upstream's launchers (so they launch without PDL, as on
+an A100); ``sm90`` is the Hopper build vLLM users run today. ``python tests/vllm_c_ops.py
+--variant sm80`` builds one and prints ptxas's register / spill report.
+
+Builds are cached under ``$DEEPINFER_VLLM_C_DIR`` (default ``build/vllm-c``), keyed by the
+sources, the flags and the nvcc version.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+_HERE = Path(__file__).resolve().parent / "vllm_c"
+
+UPSTREAM_SRC = "csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu"
+# Local headers the kernel half includes (quote includes), copied next to it.
+UPSTREAM_HEADERS = ("csrc/type_convert.cuh", "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h")
+# The first torch-op wrapper; everything before it is kernels and launchers.
+CUT_MARKER = re.compile(r"^void fused_deepseek_v4_kv_rope_insert\(", re.M)
+# Stable-ABI headers the wrappers need and the kernel half does not.
+_STABLE_INCLUDE = re.compile(r'^\s*#include\s*[<"]torch/csrc/stable/[^>"]+[>"]\s*$', re.M)
+
+# vLLM's flags for its stable extension (cmake/utils.cmake get_torch_gpu_compiler_flags:
+# torch's COMMON_NVCC_FLAGS without the half/bf16 operator switches, -DENABLE_FP8; no
+# fast math for this file).
+BASE_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_FP8",
+              "-Xcompiler", "-fPIC", "-shared", "-Xptxas", "-v"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    gencode: tuple[str, ...]
+    defines: tuple[str, ...]
+    reported_cc: int | None  # what get_device_prop() reports; None: the device's own
+
+
+VARIANTS = {
+    "sm80": Variant(("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=sm_86",
+                     "-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=compute_80"),
+                    ("-DDEEPINFER_REPORTED_CC=80",), 80),
+    "sm90": Variant(("-gencode=arch=compute_90,code=sm_90",), (), None),
+}
+
+
+class VllmCError(RuntimeError):
+    """The upstream source is missing or moved, or the build / a launch failed."""
+
+
+def find_tree() -> Path | None:
+    """A vLLM tree holding ``UPSTREAM_SRC``: $DEEPINFER_VLLM_TREE, build/vllm-0.33.0, or the
+    GPU bundle's vllm-tree/."""
+    cands = [os.environ.get("DEEPINFER_VLLM_TREE"), _REPO / "build" / "vllm-0.33.0",
+             _REPO / "vllm-tree"]
+    for c in cands:
+        if c and (Path(c) / UPSTREAM_SRC).is_file():
+            return Path(c).resolve()
+    return None
+
+
+def kernel_half(source: str) -> str:
+    """The upstream file cut before its first torch-op wrapper, stable includes dropped."""
+    m = CUT_MARKER.search(source)
+    if m is None:
+        raise VllmCError(
+            f"{UPSTREAM_SRC}: no line matching {CUT_MARKER.pattern!r}; upstream moved its "
+            "torch-op wrappers. Update CUT_MARKER in tests/vllm_c_ops.py to the first wrapper "
+            "and check that tests/vllm_c/insert_harness.cu still restates their host glue.")
+    return _STABLE_INCLUDE.sub("", source[:m.start()])
+
+
+def _torch_include() -> Path:
+    import torch
+
+    inc = Path(torch.__file__).resolve().parent / "include"
+    if not (inc / "torch" / "headeronly").is_dir():
+        raise VllmCError(f"torch {torch.__version__} at {inc} has no header-only headers "
+                         "(torch/headeronly); the upstream source needs them")
+    return inc
+
+
+def _nvcc() -> str:
+    nvcc = shutil.which("nvcc") or (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin"
+                                    / "nvcc").as_posix()
+    if not Path(nvcc).exists():
+        raise VllmCError("nvcc not found (PATH or $CUDA_HOME/bin)")
+    return nvcc
+
+
+def build(variant: str, tree: Path | None = None, out_root: Path | None = None) -> Path:
+    """Build (or reuse) the variant's library; returns its path."""
+    v = VARIANTS[variant]
+    tree = tree or find_tree()
+    if tree is None:
+        raise VllmCError(f"no vLLM tree with {UPSTREAM_SRC} (set DEEPINFER_VLLM_TREE)")
+    nvcc = _nvcc()
+    inc = _torch_include()
+    files = {"upstream_kernels.inc": kernel_half((tree / UPSTREAM_SRC).read_text())}
+    for h in UPSTREAM_HEADERS:
+        files[str(Path(h).relative_to("csrc"))] = (tree / h).read_text()
+    for f in ("insert_harness.cu", "torch_utils.h"):
+        files[f] = (_HERE / f).read_text()
+    ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
+    flags = [*BASE_FLAGS, *v.gencode, *v.defines]
+    # torch's headers are not in the key: the library uses their header-only types and links
+    # nothing of libtorch, so a build against one torch serves another.
+    key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
+                                    ver]).encode()).hexdigest()[:12]
+    root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR", _REPO / "build" / "vllm-c"))
+    d = root / f"{variant}-{key}"
+    lib = d / "libdsv4_insert.so"
+    if lib.is_file():
+        return lib
+    src = d / "src"
+    for name, text in files.items():
+        p = src / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    tmp = d / "libdsv4_insert.so.part"
+    cmd = [nvcc, *flags, "-I", str(src), "-I", str(inc), str(src / "insert_harness.cu"),
+           "-o", str(tmp)]
+    proc = subprocess.run(cmd, text=True, capture_output=True)
+    (d / "build.log").write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise VllmCError(f"nvcc failed for variant {variant} (log: {d / 'build.log'}):\n{tail}")
+    tmp.rename(lib)
+    return lib
+
+
+def ptxas_report(lib: Path) -> list[str]:
+    """ptxas's per-kernel lines (registers, spills) from the build log."""
+    log = (lib.parent / "build.log").read_text()
+    return [ln.strip() for ln in log.splitlines()
+            if "ptxas info" in ln and ("Used" in ln or "spill" in ln or "Compiling entry" in ln)]
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+class InsertLib:
+    """The two ops, with upstream's argument checks restated (enough to never launch on
+    wrong shapes); tensors are CUDA tensors, calls go on torch's current stream."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lib = ctypes.CDLL(str(path))
+        f = self._lib.dsv4_qnorm_rope_kv_rope_quant_insert
+        f.argtypes = [_P, _P, _P, _P, _P, _P, _P, _F, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P,
+                      ctypes.c_char_p, _I]
+        f.restype = _I
+        g = self._lib.dsv4_kv_rope_insert_packed
+        g.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _P, ctypes.c_char_p, _I]
+        g.restype = _I
+        self._lib.dsv4_reported_capability.restype = _I
+
+    def reported_capability(self) -> int:
+        return self._lib.dsv4_reported_capability()
+
+    @staticmethod
+    def _check(rc: int, err: ctypes.Array, what: str) -> None:
+        if rc != 0:
+            raise VllmCError(f"{what}: {err.value.decode(errors='replace')}")
+
+    @staticmethod
+    def _stream() -> int:
+        import torch
+
+        return torch.cuda.current_stream().cuda_stream
+
+    def qnorm_rope_kv_rope_quant_insert(self, q, kv, k_cache, slot_mapping, position_ids,
+                                        cos_sin_cache, q_head_padded: int, eps: float,
+                                        cache_block_size: int, apply_q_norm: bool = True,
+                                        kv_mxfp8: bool = False, apply_q_rope: bool = True,
+                                        is_q_interleaved: bool = False):
+        """As ``torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert``: returns the
+        padded Q ([N, q_head_padded, 512] bf16), writes the records into ``k_cache``
+        ([num_blocks, block_bytes] uint8)."""
+        import torch
+
+        n = q.size(0)
+        ok = (q.is_cuda and q.dtype == torch.bfloat16 and q.dim() == 3 and q.size(2) == 512
+              and q.is_contiguous() and kv.dtype == torch.bfloat16 and kv.is_contiguous()
+              and tuple(kv.shape) == (n, 512) and k_cache.dtype == torch.uint8
+              and k_cache.dim() == 2 and k_cache.stride(1) == 1
+              and slot_mapping.dtype == torch.int64 and slot_mapping.dim() == 1
+              and slot_mapping.size(0) <= n and position_ids.dtype == torch.int64
+              and tuple(position_ids.shape) == (n,) and cos_sin_cache.dtype == torch.float32
+              and cos_sin_cache.dim() == 2 and cos_sin_cache.size(1) == 64
+              and cos_sin_cache.is_contiguous() and q_head_padded in (0, 8, 16, 32, 64, 128)
+              and (q_head_padded == 0 or q.size(1) <= q_head_padded))
+        if not ok:
+            raise ValueError("qnorm_rope_kv_rope_quant_insert: arguments outside what the "
+                             "upstream op accepts")
+        q_out = (q.new_empty((0,)) if q_head_padded == 0
+                 else q.new_empty((n, q_head_padded, 512)))
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.dsv4_qnorm_rope_kv_rope_quant_insert(
+            q.data_ptr(), q_out.data_ptr() if q_out.numel() else None, kv.data_ptr(),
+            k_cache.data_ptr(), slot_mapping.data_ptr(), position_ids.data_ptr(),
+            cos_sin_cache.data_ptr(), float(eps), n, slot_mapping.size(0), q.size(1),
+            q_head_padded, cache_block_size, k_cache.stride(0), int(apply_q_norm), int(kv_mxfp8),
+            int(apply_q_rope), int(is_q_interleaved), self._stream(), err, len(err))
+        self._check(rc, err, "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert")
+        return q_out
+
+    def kv_rope_insert(self, kv, k_cache, slot_mapping, position_ids, cos_sin_cache,
+                       cache_block_size: int, kv_mxfp8: bool = False) -> None:
+        """As ``torch.ops._C.fused_deepseek_v4_kv_rope_insert`` on a packed cache
+        ([num_blocks, block_size, 584] uint8)."""
+        import torch
+
+        row = 528 if kv_mxfp8 else 584
+        ok = (kv.is_cuda and kv.dtype == torch.bfloat16 and kv.is_contiguous()
+              and kv.dim() == 2 and kv.size(1) == 512 and k_cache.dtype == torch.uint8
+              and k_cache.dim() == 3 and k_cache.size(1) == cache_block_size
+              and k_cache.size(2) == row and k_cache.stride(2) == 1
+              and slot_mapping.dtype == torch.int64 and slot_mapping.dim() == 1
+              and slot_mapping.size(0) <= kv.size(0) and position_ids.dtype == torch.int64
+              and tuple(position_ids.shape) == (kv.size(0),)
+              and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.size(1) == 64
+              and cos_sin_cache.is_contiguous())
+        if not ok:
+            raise ValueError("kv_rope_insert: arguments outside what the upstream op accepts")
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.dsv4_kv_rope_insert_packed(
+            kv.data_ptr(), k_cache.data_ptr(), slot_mapping.data_ptr(), position_ids.data_ptr(),
+            cos_sin_cache.data_ptr(), slot_mapping.size(0), cache_block_size, k_cache.stride(0),
+            int(kv_mxfp8), self._stream(), err, len(err))
+        self._check(rc, err, "fused_deepseek_v4_kv_rope_insert")
+
+
+def load(variant: str) -> InsertLib:
+    return InsertLib(build(variant))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", choices=sorted(VARIANTS), action="append")
+    ap.add_argument("--tree", type=Path)
+    args = ap.parse_args(argv)
+    for var in args.variant or sorted(VARIANTS):
+        lib = build(var, args.tree)
+        print(f"{var}: {lib}")
+        for ln in ptxas_report(lib):
+            print("  " + ln)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
