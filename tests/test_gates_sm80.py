@@ -375,6 +375,29 @@ def test_short_context_topk_kernel_compiles_for_sm8x(trees, deps, cap) -> None:
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("cap", ["8.0", "8.6"])
+def test_moe_router_kernel_compiles_for_sm8x(trees, deps, cap) -> None:
+    """V4's non-hash MoE layers route through the bare Triton ``_dsv4_topk_kernel`` (256 or
+    384 experts, top-6); nothing compiles it before the first forward. It compiles for the
+    part as launched there (no PDL below 9.0), with and without padding rows and the vision
+    bias."""
+    got = harness.run_probes(trees["patched"], [cap], probes=("moe_router_topk_aot",))[
+        cap]["moe_router_topk_aot"]
+    assert got == {f"{e}/{p}/{v}": "ok" for e in (256, 384) for p in ("nopad", "pad")
+                   for v in ("novl", "vl")}, got
+
+
+@pytest.mark.network
+def test_moe_router_compile_check_can_fail(trees, deps, monkeypatch) -> None:
+    """The check above with PDL forced on (what 9.0+ launches): fails for sm_80, passes for
+    sm_90."""
+    monkeypatch.setenv("DEEPINFER_ROUTER_FORCE_PDL", "1")
+    got = harness.run_probes(trees["patched"], ["8.0", "9.0"], probes=("moe_router_topk_aot",))
+    assert all(v != "ok" for v in got["8.0"]["moe_router_topk_aot"].values()), got["8.0"]
+    assert set(got["9.0"]["moe_router_topk_aot"].values()) == {"ok"}, got["9.0"]
+
+
+@pytest.mark.network
 def test_mhc_compile_check_can_fail(trees, deps, monkeypatch) -> None:
     """The check above, with PDL forced on (what 9.0+ compiles): SM90-only code that must
     not pass for sm_80, and does not."""

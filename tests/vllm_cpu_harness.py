@@ -721,6 +721,44 @@ def probe_short_context_topk_aot() -> dict[str, Any]:
     return out
 
 
+def probe_moe_router_topk_aot() -> dict[str, Any]:
+    """DeepSeek-V4's MoE router on its non-hash layers: ``fused_topk_bias`` sends fp32
+    router logits of 256 (V4-Flash) or 384 (V4-Pro) experts, top-6, renormalised, to the
+    bare Triton kernel ``_dsv4_topk_kernel`` (``fused_moe/router/dsv4_topk.py``), which no
+    warmup compiles. Compile it for the probed capability as its launcher does there
+    (``launch_pdl`` = ``is_arch_support_pdl()``: False below 9.0; num_warps 1), with and
+    without padding rows and the vision bias: "experts/padding/vl" -> "ok" or the error's
+    last line. ``DEEPINFER_ROUTER_FORCE_PDL=1`` compiles with PDL on (what 9.0+ runs), a
+    control that must fail below 9.0."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm.model_executor.layers.fused_moe.router import dsv4_topk
+
+    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
+    pdl = os.environ.get("DEEPINFER_ROUTER_FORCE_PDL") == "1"
+    sig = {"gating_output_ptr": "*fp32", "correction_bias_ptr": "*fp32",
+           "is_padding_ptr": "*i1", "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32",
+           "routed_scaling_factor": "fp32", "input_ids_ptr": "*i64", "bias_vl_ptr": "*fp32",
+           "image_sentinel_lo": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_N": "constexpr",
+           "HAS_PADDING": "constexpr", "HAS_VL": "constexpr", "launch_pdl": "constexpr"}
+    out: dict[str, Any] = {}
+    for experts in (256, 384):
+        for padding in (False, True):
+            for vl in (False, True):
+                src = ASTSource(dsv4_topk._dsv4_topk_kernel, sig, constexprs={
+                    "NUM_EXPERTS": experts, "BLOCK_N": triton.next_power_of_2(experts),
+                    "HAS_PADDING": padding, "HAS_VL": vl, "launch_pdl": pdl})
+                key = f"{experts}/{'pad' if padding else 'nopad'}/{'vl' if vl else 'novl'}"
+                try:
+                    kernel = triton.compile(src, target=target, options={"num_warps": 1})
+                    out[key] = "ok" if kernel.asm.get("cubin") else "no cubin"
+                except Exception as exc:
+                    out[key] = str(exc).strip().splitlines()[-1][:200]
+    return out
+
+
 def probe_warmup_aot() -> dict[str, Any]:
     """Compile, ahead of time for the probed capability, every JIT warmup key that a
     DeepSeek-V4 model's layers register on this tree (attention C4/C128/SWA layers with
@@ -1463,6 +1501,7 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
     "v41_ampere_construct": probe_v41_ampere_construct,
     "mhc_tilelang_aot": probe_mhc_tilelang_aot,
     "short_context_topk_aot": probe_short_context_topk_aot,
+    "moe_router_topk_aot": probe_moe_router_topk_aot,
 }
 
 
