@@ -1,7 +1,8 @@
-"""CPU side of tests/gpu/test_vllm_c_insert_sm80.py: vLLM's SWA writer builds as this
-project's test library (``tests/vllm_c_ops.py``) for both variants, without spills, and the
-harness's restated host glue still matches the upstream wrappers it stands in for. Skips
-without nvcc or an applied tree."""
+"""CPU side of tests/gpu/test_vllm_c_*_sm80.py: vLLM's DeepSeek-V4 sources that those tests
+run as SM80 code (the SWA writer, the hash-layer MoE router) build as this project's test
+libraries (``tests/vllm_c_ops.py``) for sm_80/86 without spills, and the harnesses' restated
+host glue still matches the upstream wrappers they stand in for. Skips without nvcc or an
+applied tree."""
 from __future__ import annotations
 
 import re
@@ -19,35 +20,46 @@ import vllm_c_ops  # noqa: E402
 from deepinfer import bundle  # noqa: E402
 
 
-def _tree() -> Path:
-    tree = vllm_c_ops.find_tree()
+def _tree(source: str) -> Path:
+    tree = vllm_c_ops.find_tree(source)
     if tree is None:
-        pytest.skip("no applied vLLM tree (make apply) with " + vllm_c_ops.UPSTREAM_SRC)
+        pytest.skip("no applied vLLM tree (make apply) with " + vllm_c_ops.SOURCES[source].path)
     return tree
 
 
-def test_bundle_carries_what_the_harness_compiles():
-    assert set(bundle.VLLM_CSRC) == {vllm_c_ops.UPSTREAM_SRC, *vllm_c_ops.UPSTREAM_HEADERS}
+def _text(source: str) -> str:
+    return (_tree(source) / vllm_c_ops.SOURCES[source].path).read_text()
 
 
-def test_kernel_half_is_cut_before_the_wrappers():
-    src = (_tree() / vllm_c_ops.UPSTREAM_SRC).read_text()
-    half = vllm_c_ops.kernel_half(src)
-    assert "launchFusedDeepseekV4QNormRopeKVRopeQuantInsert" in half
+def _wrappers(source: str) -> str:
+    """The upstream file from its first torch-op wrapper on, whitespace collapsed."""
+    text = _text(source)
+    return re.sub(r"\s+", " ", text[vllm_c_ops.SOURCES[source].cut.search(text).start():])
+
+
+def test_bundle_carries_what_the_harnesses_compile():
+    want = {f for s in vllm_c_ops.SOURCES.values() for f in (s.path, *s.headers)}
+    assert set(bundle.VLLM_CSRC) == want
+
+
+@pytest.mark.parametrize("source", sorted(vllm_c_ops.SOURCES))
+def test_kernel_half_is_cut_before_the_wrappers(source):
+    text = _text(source)
+    half = vllm_c_ops.kernel_half(text, source)
     assert "torch::stable::Tensor" not in half
     assert "torch/csrc/stable" not in half
-    with pytest.raises(vllm_c_ops.VllmCError, match="CUT_MARKER"):
-        vllm_c_ops.kernel_half(src.replace("void fused_deepseek_v4_kv_rope_insert(", "void x("))
+    assert len(half) > len(text) // 2
+    first = vllm_c_ops.SOURCES[source].cut.search(text).group(0)
+    with pytest.raises(vllm_c_ops.VllmCError, match="cut"):
+        vllm_c_ops.kernel_half(text.replace(first, "void x("), source)
 
 
-def test_harness_glue_matches_upstream_wrappers():
-    """The two upstream wrappers still launch what insert_harness.cu launches: the bf16
+def test_insert_harness_glue_matches_upstream_wrappers():
+    """The SWA writer's two wrappers still launch what insert_harness.cu launches: the bf16
     dispatcher for the fused op, the zero-head instantiation for the packed KV-only op."""
-    src = (_tree() / vllm_c_ops.UPSTREAM_SRC).read_text()
-    wrappers = src[vllm_c_ops.CUT_MARKER.search(src).start():]
-    flat = re.sub(r"\s+", " ", wrappers)
-    assert "launchFusedDeepseekV4Templated<scalar_t, 0, false, false>( nullptr, nullptr, input, cache, slots, positions, cos_sin, 0.0f, num_tokens, num_tokens, 0," in flat
-    assert "launchFusedDeepseekV4QNormRopeKVRopeQuantInsert<qkv_scalar_t>(" in flat
+    flat = _wrappers("dsv4_insert")
+    assert ("launchFusedDeepseekV4Templated<scalar_t, 0, false, false>( nullptr, nullptr, input, "
+            "cache, slots, positions, cos_sin, 0.0f, num_tokens, num_tokens, 0,") in flat
     args = re.search(r"launchFusedDeepseekV4QNormRopeKVRopeQuantInsert<qkv_scalar_t>\((.*?)\);",
                      flat).group(1)
     names = [re.sub(r".*?(\w+)\W*$", r"\1", a.split("(")[-1]) for a in args.split(",")]
@@ -56,17 +68,26 @@ def test_harness_glue_matches_upstream_wrappers():
                           "stream"]
 
 
+def test_hash_topk_harness_glue_matches_upstream_wrapper():
+    """With a hash table, the wrapper calls the launcher with use_hash=true and the table's
+    index type, as hash_topk_harness.cu does; the launcher then takes the V4 kernel for fp32
+    logits, top-6, renormalised, 256 or 384 experts."""
+    flat = _wrappers("dsv4_hash_topk")
+    assert ("bias_ptr, true, input_ids.value().const_data_ptr<int>(), "
+            "tid2eid.value().const_data_ptr<int>(), stream, is_padding_ptr, bias_vl_ptr, "
+            "image_sentinel_lo);") in flat
+    half = re.sub(r"\s+", " ", vllm_c_ops.kernel_half(_text("dsv4_hash_topk"), "dsv4_hash_topk"))
+    assert ("if (use_hash && topk == 6 && renormalize && (num_experts == 256 || num_experts == "
+            "384)) { launchDsv4HashTopk<IndType, HashIndType>(") in half
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("variant", sorted(vllm_c_ops.VARIANTS))
-def test_builds_without_spills(variant, tmp_path):
-    lib = vllm_c_ops.build(variant, _tree(), tmp_path)
+@pytest.mark.parametrize("source", sorted(vllm_c_ops.SOURCES))
+def test_sm80_build_without_spills(source, tmp_path):
+    lib = vllm_c_ops.build("sm80", source, _tree(source), tmp_path)
     report = vllm_c_ops.ptxas_report(lib)
     entries = [ln for ln in report if "Compiling entry" in ln]
-    # 5 head counts x 4 (norm, layout) + the KV-only one, two kernels each where the head
-    # count is non-zero, plus the full-cache kernels: dozens per target.
-    assert len(entries) >= 40, report[:5]
+    assert any("for 'sm_80'" in ln for ln in entries), report[:5]
+    assert any("for 'sm_86'" in ln for ln in entries), report[:5]
     spills = [ln for ln in report if re.search(r"[1-9]\d* bytes spill", ln)]
     assert not spills, spills[:5]
-    if variant == "sm80":
-        assert any("for 'sm_80'" in ln for ln in entries)
-        assert any("for 'sm_86'" in ln for ln in entries)

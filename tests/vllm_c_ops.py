@@ -1,23 +1,29 @@
-"""vLLM's own DeepSeek-V4 SWA writer (``csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu``),
-built outside vLLM as a small shared library and called through ctypes, so that the GPU
-tests can run it as SM80 code next to its SM90 build.
+"""Two of vLLM's DeepSeek-V4 CUDA sources, built outside vLLM as small shared libraries and
+called through ctypes, so that the GPU tests can run them as SM80 code next to their SM90
+builds:
 
-Why: on SM8x every DeepSeek-V4/V4.1 attention layer calls this compiled op first
-(``torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert``: Q RMSNorm + RoPE and the
-padded Q; KV RoPE, UE8M0/e4m3 quantisation and the 584-byte record insert), and V4.1's
-``forward_kv`` and DSpark call ``fused_deepseek_v4_kv_rope_insert``. vLLM builds the file for
-every CUDA architecture; built for sm_80 its FP8 conversion is cuda_fp8.h's software path
-instead of the SM89+ instruction. Nothing else here compiles it as SM80 code and runs it.
+- ``dsv4_insert``: ``csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu``. On SM8x every
+  DeepSeek-V4/V4.1 attention layer calls this compiled op first
+  (``torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert``: Q RMSNorm + RoPE and
+  the padded Q; KV RoPE, UE8M0/e4m3 quantisation and the 584-byte record insert), and V4.1's
+  ``forward_kv`` and DSpark call ``fused_deepseek_v4_kv_rope_insert``. Built for sm_80 its FP8
+  conversion is cuda_fp8.h's software path instead of the SM89+ instruction.
+- ``dsv4_hash_topk``: ``csrc/moe/topk_softplus_sqrt_kernels.cu``, the router of V4's hash MoE
+  layers (``torch.ops._moe_C.topk_hash_softplus_sqrt`` with a token -> experts table).
 
-The library is the kernel half of the upstream file (cut before its stable-ABI torch
-wrappers, ``CUT_MARKER``) plus ``tests/vllm_c/insert_harness.cu`` (C entry points) and
-``tests/vllm_c/torch_utils.h`` (a stand-in for vLLM's header that can report a capability).
-It needs nvcc and torch's header-only headers, no libtorch link.
+vLLM builds both for every CUDA architecture; nothing else here runs them as SM80 code.
+
+Each library is the kernel half of the upstream file (cut before its stable-ABI torch
+wrappers, ``UpstreamSource.cut``) plus a C harness from ``tests/vllm_c/`` (entry points that
+restate the wrappers' host glue) and ``tests/vllm_c/torch_utils.h`` (a stand-in for vLLM's
+header that can report a capability). It needs nvcc and torch's header-only headers, no
+libtorch link.
 
 Variants (``VARIANTS``): ``sm80`` is compute_80 code, SASS for sm_80/86/90 from it plus the
-PTX, reporting capability 8.0 to upstream's launchers (so they launch without PDL, as on
-an A100); ``sm90`` is the Hopper build vLLM users run today. ``python tests/vllm_c_ops.py
---variant sm80`` builds one and prints ptxas's register / spill report.
+PTX, reporting capability 8.0 to upstream's launchers (so those that ask launch without PDL,
+as on an A100); ``sm90`` is the Hopper build vLLM users run today. ``python
+tests/vllm_c_ops.py --source dsv4_insert --variant sm80`` builds one and prints ptxas's
+register / spill report.
 
 Builds are cached under ``$DEEPINFER_VLLM_C_DIR`` (default ``build/vllm-c``), keyed by the
 sources, the flags and the nvcc version.
@@ -38,12 +44,29 @@ from pathlib import Path
 _REPO = Path(__file__).resolve().parents[1]
 _HERE = Path(__file__).resolve().parent / "vllm_c"
 
-UPSTREAM_SRC = "csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu"
-# Local headers the kernel half includes (quote includes), copied next to it.
-UPSTREAM_HEADERS = ("csrc/type_convert.cuh", "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h")
-# The first torch-op wrapper; everything before it is kernels and launchers.
-CUT_MARKER = re.compile(r"^void fused_deepseek_v4_kv_rope_insert\(", re.M)
-# Stable-ABI headers the wrappers need and the kernel half does not.
+@dataclass(frozen=True)
+class UpstreamSource:
+    path: str                  # the upstream file, relative to the tree
+    headers: tuple[str, ...]   # local headers it includes (quote includes), copied along
+    cut: re.Pattern            # the first torch-op wrapper; everything before it is kept
+    harness: str               # tests/vllm_c/<harness>: the C entry points
+    lib: str                   # library file name
+
+
+SOURCES = {
+    "dsv4_insert": UpstreamSource(
+        "csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu",
+        ("csrc/type_convert.cuh", "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h"),
+        re.compile(r"^void fused_deepseek_v4_kv_rope_insert\(", re.M),
+        "insert_harness.cu", "libdsv4_insert.so"),
+    "dsv4_hash_topk": UpstreamSource(
+        "csrc/moe/topk_softplus_sqrt_kernels.cu",
+        ("csrc/cub_helpers.h", "csrc/core/cuda_compat.h"),
+        re.compile(r"^template <typename ComputeType>\s*\nvoid dispatch_topk_softplus_sqrt_launch\(",
+                   re.M),
+        "hash_topk_harness.cu", "libdsv4_hash_topk.so"),
+}
+# Stable-ABI headers the wrappers need and the kernel halves do not.
 _STABLE_INCLUDE = re.compile(r'^\s*#include\s*[<"]torch/csrc/stable/[^>"]+[>"]\s*$', re.M)
 
 # vLLM's flags for its stable extension (cmake/utils.cmake get_torch_gpu_compiler_flags:
@@ -72,26 +95,27 @@ class VllmCError(RuntimeError):
     """The upstream source is missing or moved, or the build / a launch failed."""
 
 
-def find_tree() -> Path | None:
-    """A vLLM tree holding ``UPSTREAM_SRC``: $DEEPINFER_VLLM_TREE, build/vllm-0.33.0, or the
+def find_tree(source: str = "dsv4_insert") -> Path | None:
+    """A vLLM tree holding the source's file: $DEEPINFER_VLLM_TREE, build/vllm-0.33.0, or the
     GPU bundle's vllm-tree/."""
     cands = [os.environ.get("DEEPINFER_VLLM_TREE"), _REPO / "build" / "vllm-0.33.0",
              _REPO / "vllm-tree"]
     for c in cands:
-        if c and (Path(c) / UPSTREAM_SRC).is_file():
+        if c and (Path(c) / SOURCES[source].path).is_file():
             return Path(c).resolve()
     return None
 
 
-def kernel_half(source: str) -> str:
+def kernel_half(text: str, source: str = "dsv4_insert") -> str:
     """The upstream file cut before its first torch-op wrapper, stable includes dropped."""
-    m = CUT_MARKER.search(source)
+    src = SOURCES[source]
+    m = src.cut.search(text)
     if m is None:
         raise VllmCError(
-            f"{UPSTREAM_SRC}: no line matching {CUT_MARKER.pattern!r}; upstream moved its "
-            "torch-op wrappers. Update CUT_MARKER in tests/vllm_c_ops.py to the first wrapper "
-            "and check that tests/vllm_c/insert_harness.cu still restates their host glue.")
-    return _STABLE_INCLUDE.sub("", source[:m.start()])
+            f"{src.path}: no line matching {src.cut.pattern!r}; upstream moved its torch-op "
+            f"wrappers. Update SOURCES[{source!r}].cut in tests/vllm_c_ops.py to the first "
+            f"wrapper and check that tests/vllm_c/{src.harness} still restates their host glue.")
+    return _STABLE_INCLUDE.sub("", text[:m.start()])
 
 
 def _torch_include() -> Path:
@@ -112,19 +136,24 @@ def _nvcc() -> str:
     return nvcc
 
 
-def build(variant: str, tree: Path | None = None, out_root: Path | None = None) -> Path:
-    """Build (or reuse) the variant's library; returns its path."""
-    v = VARIANTS[variant]
-    tree = tree or find_tree()
+def build(variant: str, source: str = "dsv4_insert", tree: Path | None = None,
+          out_root: Path | None = None) -> Path:
+    """Build (or reuse) the source's library for the variant; returns its path."""
+    v, src = VARIANTS[variant], SOURCES[source]
+    tree = tree or find_tree(source)
     if tree is None:
-        raise VllmCError(f"no vLLM tree with {UPSTREAM_SRC} (set DEEPINFER_VLLM_TREE)")
+        raise VllmCError(f"no vLLM tree with {src.path} (set DEEPINFER_VLLM_TREE)")
     nvcc = _nvcc()
     inc = _torch_include()
-    files = {"upstream_kernels.inc": kernel_half((tree / UPSTREAM_SRC).read_text())}
-    for h in UPSTREAM_HEADERS:
+    # Laid out as under csrc/, so that the file's relative includes resolve; the kernel half
+    # and the harness sit where the upstream file was.
+    here = Path(src.path).relative_to("csrc").parent
+    files = {str(here / "upstream_kernels.inc"): kernel_half((tree / src.path).read_text(),
+                                                             source)}
+    for h in src.headers:
         files[str(Path(h).relative_to("csrc"))] = (tree / h).read_text()
-    for f in ("insert_harness.cu", "torch_utils.h"):
-        files[f] = (_HERE / f).read_text()
+    files[str(here / src.harness)] = (_HERE / src.harness).read_text()
+    files["torch_utils.h"] = (_HERE / "torch_utils.h").read_text()
     ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
     flags = [*BASE_FLAGS, *v.gencode, *v.defines]
     # torch's headers are not in the key: the library uses their header-only types and links
@@ -132,23 +161,24 @@ def build(variant: str, tree: Path | None = None, out_root: Path | None = None) 
     key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
                                     ver]).encode()).hexdigest()[:12]
     root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR", _REPO / "build" / "vllm-c"))
-    d = root / f"{variant}-{key}"
-    lib = d / "libdsv4_insert.so"
+    d = root / f"{source}-{variant}-{key}"
+    lib = d / src.lib
     if lib.is_file():
         return lib
-    src = d / "src"
+    srcdir = d / "src"
     for name, text in files.items():
-        p = src / name
+        p = srcdir / name
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
-    tmp = d / "libdsv4_insert.so.part"
-    cmd = [nvcc, *flags, "-I", str(src), "-I", str(inc), str(src / "insert_harness.cu"),
+    tmp = d / (src.lib + ".part")
+    cmd = [nvcc, *flags, "-I", str(srcdir), "-I", str(inc), str(srcdir / here / src.harness),
            "-o", str(tmp)]
     proc = subprocess.run(cmd, text=True, capture_output=True)
     (d / "build.log").write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
-        raise VllmCError(f"nvcc failed for variant {variant} (log: {d / 'build.log'}):\n{tail}")
+        raise VllmCError(f"nvcc failed for {source} / {variant} (log: {d / 'build.log'}):\n"
+                         f"{tail}")
     tmp.rename(lib)
     return lib
 
@@ -163,24 +193,12 @@ def ptxas_report(lib: Path) -> list[str]:
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
-class InsertLib:
-    """The two ops, with upstream's argument checks restated (enough to never launch on
-    wrong shapes); tensors are CUDA tensors, calls go on torch's current stream."""
+class _CLib:
+    """A built library; calls go on torch's current stream, tensors are CUDA tensors."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lib = ctypes.CDLL(str(path))
-        f = self._lib.dsv4_qnorm_rope_kv_rope_quant_insert
-        f.argtypes = [_P, _P, _P, _P, _P, _P, _P, _F, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P,
-                      ctypes.c_char_p, _I]
-        f.restype = _I
-        g = self._lib.dsv4_kv_rope_insert_packed
-        g.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _P, ctypes.c_char_p, _I]
-        g.restype = _I
-        self._lib.dsv4_reported_capability.restype = _I
-
-    def reported_capability(self) -> int:
-        return self._lib.dsv4_reported_capability()
 
     @staticmethod
     def _check(rc: int, err: ctypes.Array, what: str) -> None:
@@ -192,6 +210,25 @@ class InsertLib:
         import torch
 
         return torch.cuda.current_stream().cuda_stream
+
+
+class InsertLib(_CLib):
+    """The SWA writer's two ops, with upstream's argument checks restated (enough to never
+    launch on wrong shapes)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        f = self._lib.dsv4_qnorm_rope_kv_rope_quant_insert
+        f.argtypes = [_P, _P, _P, _P, _P, _P, _P, _F, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P,
+                      ctypes.c_char_p, _I]
+        f.restype = _I
+        g = self._lib.dsv4_kv_rope_insert_packed
+        g.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _P, ctypes.c_char_p, _I]
+        g.restype = _I
+        self._lib.dsv4_reported_capability.restype = _I
+
+    def reported_capability(self) -> int:
+        return self._lib.dsv4_reported_capability()
 
     def qnorm_rope_kv_rope_quant_insert(self, q, kv, k_cache, slot_mapping, position_ids,
                                         cos_sin_cache, q_head_padded: int, eps: float,
@@ -255,20 +292,77 @@ class InsertLib:
         self._check(rc, err, "fused_deepseek_v4_kv_rope_insert")
 
 
+class HashTopkLib(_CLib):
+    """The hash layers' router, ``topk_hash_softplus_sqrt`` with fp32 logits and a table."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        f = self._lib.dsv4_topk_hash_softplus_sqrt
+        f.argtypes = [_P, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_double, _P, _P, _P, _I, _P,
+                      _P, ctypes.c_int64, _P, ctypes.c_char_p, _I]
+        f.restype = _I
+
+    def topk_hash_softplus_sqrt(self, gating, tid2eid, input_ids, topk: int = 6,
+                                renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                                indices_dtype=None, is_padding=None, bias=None, bias_vl=None,
+                                image_sentinel_lo: int = 0):
+        """As ``vllm_topk_softplus_sqrt`` on a hash layer: returns (weights fp32 [T, topk],
+        expert ids [T, topk])."""
+        import torch
+
+        t, e = gating.shape
+        idt = indices_dtype or torch.int32
+        ok = (gating.is_cuda and gating.dtype == torch.float32 and gating.is_contiguous()
+              and tid2eid.dtype in (torch.int32, torch.int64) and tid2eid.is_contiguous()
+              and tid2eid.dim() == 2 and tid2eid.size(1) == topk
+              and input_ids.dtype == tid2eid.dtype and tuple(input_ids.shape) == (t,)
+              and idt in (torch.int32, torch.int64)
+              and (is_padding is None or (is_padding.dtype == torch.bool
+                                          and tuple(is_padding.shape) == (t,)))
+              and (bias_vl is None or (bias_vl.dtype == torch.float32
+                                       and tuple(bias_vl.shape) == (e,))))
+        if not ok:
+            raise ValueError("topk_hash_softplus_sqrt: arguments outside what the upstream op "
+                             "accepts")
+        weights = torch.empty((t, topk), dtype=torch.float32, device=gating.device)
+        ids = torch.empty((t, topk), dtype=idt, device=gating.device)
+        tei = torch.empty((t, topk), dtype=torch.int32, device=gating.device)
+
+        def ptr(x):
+            return None if x is None else x.data_ptr()
+
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.dsv4_topk_hash_softplus_sqrt(
+            gating.data_ptr(), weights.data_ptr(), ids.data_ptr(), int(idt == torch.int64),
+            tei.data_ptr(), t, e, topk, int(renormalize), float(routed_scaling_factor),
+            ptr(bias), input_ids.data_ptr(), tid2eid.data_ptr(),
+            int(tid2eid.dtype == torch.int64), ptr(is_padding), ptr(bias_vl),
+            int(image_sentinel_lo), self._stream(), err, len(err))
+        self._check(rc, err, "topk_hash_softplus_sqrt")
+        return weights, ids
+
+
 def load(variant: str) -> InsertLib:
-    return InsertLib(build(variant))
+    """The SWA writer's library for the variant."""
+    return InsertLib(build(variant, "dsv4_insert"))
+
+
+def load_hash_topk(variant: str) -> HashTopkLib:
+    return HashTopkLib(build(variant, "dsv4_hash_topk"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", choices=sorted(SOURCES), action="append")
     ap.add_argument("--variant", choices=sorted(VARIANTS), action="append")
     ap.add_argument("--tree", type=Path)
     args = ap.parse_args(argv)
-    for var in args.variant or sorted(VARIANTS):
-        lib = build(var, args.tree)
-        print(f"{var}: {lib}")
-        for ln in ptxas_report(lib):
-            print("  " + ln)
+    for source in args.source or sorted(SOURCES):
+        for var in args.variant or sorted(VARIANTS):
+            lib = build(var, source, args.tree)
+            print(f"{source} / {var}: {lib}")
+            for ln in ptxas_report(lib):
+                print("  " + ln)
     return 0
 
 
