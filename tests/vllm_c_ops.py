@@ -342,13 +342,29 @@ class HashTopkLib(_CLib):
         return weights, ids
 
 
-def load(variant: str) -> InsertLib:
-    """The SWA writer's library for the variant."""
-    return InsertLib(build(variant, "dsv4_insert"))
+_LIB_CLASS = {"dsv4_insert": InsertLib, "dsv4_hash_topk": HashTopkLib}
 
 
-def load_hash_topk(variant: str) -> HashTopkLib:
-    return HashTopkLib(build(variant, "dsv4_hash_topk"))
+def load(variant: str, source: str = "dsv4_insert"):
+    """The source's library for the variant, wrapped (InsertLib / HashTopkLib)."""
+    return _LIB_CLASS[source](build(variant, source))
+
+
+def load_for_tests(source: str) -> dict:
+    """For a GPU test's fixture: {"sm80": lib} plus "sm90" where the device runs SM90 code;
+    skips (pytest) without a GPU or without the upstream file."""
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if find_tree(source) is None:
+        pytest.skip(f"no vLLM tree with {SOURCES[source].path}: run `make apply`, or set "
+                    "DEEPINFER_VLLM_TREE (the GPU bundle carries the file in vllm-tree/)")
+    out = {"sm80": load("sm80", source)}
+    if torch.cuda.get_device_capability() >= (9, 0):
+        out["sm90"] = load("sm90", source)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,15 +44,7 @@ def _gen() -> torch.Generator:
 
 @pytest.fixture(scope="module")
 def libs():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    if vllm_c_ops.find_tree("dsv4_hash_topk") is None:
-        pytest.skip("no vLLM tree with " + vllm_c_ops.SOURCES["dsv4_hash_topk"].path
-                    + ": run `make apply`, or set DEEPINFER_VLLM_TREE")
-    out = {"sm80": vllm_c_ops.load_hash_topk("sm80")}
-    if torch.cuda.get_device_capability() >= (9, 0):
-        out["sm90"] = vllm_c_ops.load_hash_topk("sm90")
-    return out
+    return vllm_c_ops.load_for_tests("dsv4_hash_topk")
 
 
 # name: (tokens, experts, table dtype, with padding rows, with vision bias, scale)

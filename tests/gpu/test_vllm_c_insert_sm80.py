@@ -48,16 +48,7 @@ def _gen() -> torch.Generator:
 
 @pytest.fixture(scope="module")
 def libs():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    if vllm_c_ops.find_tree("dsv4_insert") is None:
-        pytest.skip(f"no vLLM tree with {vllm_c_ops.SOURCES['dsv4_insert'].path}: run `make "
-                    "apply`, or set "
-                    "DEEPINFER_VLLM_TREE (the GPU bundle carries the file in vllm-tree/)")
-    out = {"sm80": vllm_c_ops.load("sm80")}
-    if torch.cuda.get_device_capability() >= (9, 0):
-        out["sm90"] = vllm_c_ops.load("sm90")
-    return out
+    return vllm_c_ops.load_for_tests("dsv4_insert")
 
 
 def _cos_sin() -> torch.Tensor:
