@@ -44,6 +44,7 @@ from pathlib import Path
 _REPO = Path(__file__).resolve().parents[1]
 _HERE = Path(__file__).resolve().parent / "vllm_c"
 
+
 @dataclass(frozen=True)
 class UpstreamSource:
     path: str                  # the upstream file, relative to the tree
@@ -71,7 +72,7 @@ _STABLE_INCLUDE = re.compile(r'^\s*#include\s*[<"]torch/csrc/stable/[^>"]+[>"]\s
 
 # vLLM's flags for its stable extension (cmake/utils.cmake get_torch_gpu_compiler_flags:
 # torch's COMMON_NVCC_FLAGS without the half/bf16 operator switches, -DENABLE_FP8; no
-# fast math for this file).
+# fast math for these files).
 BASE_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_FP8",
               "-Xcompiler", "-fPIC", "-shared", "-Xptxas", "-v"]
 
@@ -79,15 +80,14 @@ BASE_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_FP8",
 @dataclass(frozen=True)
 class Variant:
     gencode: tuple[str, ...]
-    defines: tuple[str, ...]
-    reported_cc: int | None  # what get_device_prop() reports; None: the device's own
+    defines: tuple[str, ...]  # -DDEEPINFER_REPORTED_CC: what get_device_prop() reports
 
 
 VARIANTS = {
     "sm80": Variant(("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=sm_86",
                      "-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=compute_80"),
-                    ("-DDEEPINFER_REPORTED_CC=80",), 80),
-    "sm90": Variant(("-gencode=arch=compute_90,code=sm_90",), (), None),
+                    ("-DDEEPINFER_REPORTED_CC=80",)),
+    "sm90": Variant(("-gencode=arch=compute_90,code=sm_90",), ()),
 }
 
 
