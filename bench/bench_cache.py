@@ -107,7 +107,9 @@ def make_gather_set(reqs: int, n: int, gen: torch.Generator) -> dict[str, Any]:
 
 
 def make_combine_set(tokens: int, reqs: int, gen: torch.Generator,
-                     ratio: int = RATIO) -> dict[str, Any]:
+                     ratio: int = RATIO, topk: int = TOPK) -> dict[str, Any]:
+    """Inputs of one combine call; ``topk`` columns per row (V4-Flash 512, V4-Pro 1024), the
+    output ``idx`` as wide as upstream allocates it (top-k + window, rounded up to 128)."""
     qlen = tokens // reqs
     qlens = torch.full((reqs,), qlen, dtype=torch.int64)
     seq = qlens + PREFIX
@@ -120,14 +122,16 @@ def make_combine_set(tokens: int, reqs: int, gen: torch.Generator,
     # local top-k indices: for a token at position pos, in [0, (pos + 1) // ratio)
     pos = torch.cat([torch.arange(PREFIX, PREFIX + qlen) for _ in range(reqs)]).cuda()
     visible = ((pos + 1) // ratio).clamp(min=1)
-    topk = (torch.rand(tokens, TOPK, device="cuda", generator=gen) * visible[:, None]).to(torch.int32)
+    width = -(-(topk + WINDOW) // 128) * 128
+    topk_idx = (torch.rand(tokens, topk, device="cuda", generator=gen)
+                * visible[:, None]).to(torch.int32)
     return {
-        "topk_indices": topk,
+        "topk_indices": topk_idx,
         "query_start_loc": qsl.to(torch.int32).cuda(),
         "seq_lens": seq.to(torch.int32).cuda(),
         "gather_lens": gather.to(torch.int32).cuda(),
         "M": M, "N": N,
-        "idx": torch.empty(tokens, WIDTH, dtype=torch.int32, device="cuda"),
+        "idx": torch.empty(tokens, width, dtype=torch.int32, device="cuda"),
         "lens": torch.empty(tokens, dtype=torch.int32, device="cuda"),
     }
 

@@ -389,6 +389,21 @@ def test_prefill_upstream_shapes():
     _prefill_case(t=130, heads=64, cap=0, topk=768)
 
 
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [16, 128])
+def test_prefill_v4_pro_lists(cap, heads):
+    """V4-Pro: top-k 1024 + window 128 = 1152 keys per token (16 heads per GPU at TP8, 128
+    on one GPU)."""
+    _prefill_case(t=48, heads=heads, cap=cap, topk=1152)
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_decode_v4_pro_lists(heads):
+    """V4-Pro decode: top-k 1024 compressed entries plus the window, 6 rows per request."""
+    _decode_case(num_req=3, rows=6, heads=heads, swa_only=False, lens_kind="mixed",
+                 big_slots=False, sink_kind="finite", cap=0, topk=1024)
+
+
 def test_plan_configs():
     p80 = ops.sparse_mla_plan(128, 64, 640, True, 108, CAPS["sm80"])
     p86 = ops.sparse_mla_plan(128, 64, 640, True, 84, CAPS["sm86"])

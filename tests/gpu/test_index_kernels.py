@@ -108,7 +108,10 @@ def _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, M, N, left=None, r
 @pytest.mark.parametrize("T,R,ratio,top_k", [(1, 1, 4, 512), (777, 3, 4, 512),
                                              (1537, 2, 128, 384), (4099, 5, 1, 0),
                                              (1536, 1, 4, 512), (2050, 1, 3, 512),
-                                             (900, 2, 7, 256)])
+                                             (900, 2, 7, 256),
+                                             # V4-Pro's top-k 1024 and a 2048: rows wider
+                                             # than the 1024 columns held in registers
+                                             (600, 2, 4, 1024), (130, 1, 4, 2048)])
 def test_combine_bit_exact(ext, T, R, ratio, top_k):
     g = _gen()
     W = 128

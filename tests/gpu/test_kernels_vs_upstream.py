@@ -139,18 +139,21 @@ def test_global_topk_matches_upstream(up, ours, tokens):
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 4])  # V4.1: 1 and 2; V4: 4
-@pytest.mark.parametrize("tokens,reqs", [(1536, 1), (1000, 3), (7, 7)])
-def test_combine_matches_upstream(up, ours, tokens, reqs, ratio):
+@pytest.mark.parametrize("tokens,reqs,topk", [(1536, 1, 512), (1000, 3, 512), (7, 7, 512),
+                                              (1000, 3, 1024)])  # V4-Pro: top-k 1024
+def test_combine_matches_upstream(up, ours, tokens, reqs, topk, ratio):
+    """Rows of top-k 1024 + window 128 are wider than the 1024 columns the kernel holds in
+    registers: its wide-row path."""
     import bench_cache
 
     g = _gen(4)
-    s = bench_cache.make_combine_set(tokens - tokens % reqs, reqs, g, ratio=ratio)
+    s = bench_cache.make_combine_set(tokens - tokens % reqs, reqs, g, ratio=ratio, topk=topk)
     res = []
     for fn in (ours[1].combine_topk_swa_indices, up.combine_topk_swa_indices):
         idx = torch.full_like(s["idx"], 0x5A5A5A5A)
         lens = torch.full_like(s["lens"], 0x5A5A5A5A)
         fn(s["topk_indices"], s["query_start_loc"], s["seq_lens"], s["gather_lens"],
-           bench_cache.WINDOW, ratio, bench_cache.TOPK, s["M"], s["N"],
+           bench_cache.WINDOW, ratio, topk, s["M"], s["N"],
            out=(idx, lens))
         res.append((idx, lens))
     torch.cuda.synchronize()
