@@ -1,5 +1,5 @@
-"""CPU side of tests/gpu/test_vllm_c_*_sm80.py: vLLM's DeepSeek-V4 sources that those tests
-run as SM80 code (the SWA writer, the hash-layer MoE router) build as this project's test
+"""CPU side of tests/gpu/test_vllm_c_*_sm80.py: the vLLM sources that those tests run as SM80
+code (the SWA writer, the hash-layer MoE router, the indexer K gather) build as this project's test
 libraries (``tests/vllm_c_ops.py``) for sm_80/86 without spills, and the harnesses' restated
 host glue still matches the upstream wrappers they stand in for. Skips without nvcc or an
 applied tree."""
@@ -48,7 +48,11 @@ def test_kernel_half_is_cut_before_the_wrappers(source):
     half = vllm_c_ops.kernel_half(text, source)
     assert "torch::stable::Tensor" not in half
     assert "torch/csrc/stable" not in half
-    assert len(half) > len(text) // 2
+    if vllm_c_ops.SOURCES[source].extract:  # one kernel: its signature to its last brace
+        assert half.startswith("template") and half.rstrip().endswith("}")
+        assert half.count("{") == half.count("}") and "__global__" in half
+    else:
+        assert len(half) > len(text) // 2
     first = vllm_c_ops.SOURCES[source].cut.search(text).group(0)
     with pytest.raises(vllm_c_ops.VllmCError, match="cut"):
         vllm_c_ops.kernel_half(text.replace(first, "void x("), source)
@@ -79,6 +83,26 @@ def test_hash_topk_harness_glue_matches_upstream_wrapper():
     half = re.sub(r"\s+", " ", vllm_c_ops.kernel_half(_text("dsv4_hash_topk"), "dsv4_hash_topk"))
     assert ("if (use_hash && topk == 6 && renormalize && (num_experts == 256 || num_experts == "
             "384)) { launchDsv4HashTopk<IndType, HashIndType>(") in half
+
+
+def test_indexer_k_gather_glue_matches_upstream_wrapper():
+    """The op's launch, as indexer_k_gather_harness.cu restates it: block (8, Y) with Y by
+    the token count, grid (tokens / Y, head_dim / 128), and the arguments in this order."""
+    flat = re.sub(r"\s+", " ", _text("indexer_k_gather"))
+    macro = flat[flat.index("#define CALL_CP_GATHER_INDEXER_K_QUANT_CACHE"):]
+    assert ("<<<dim3((num_tokens + BLOCK_Y_SIZE - 1) / BLOCK_Y_SIZE, \\ (head_dim + 8 * "
+            "vec_size - 1) / (8 * vec_size)), \\ dim3(8, BLOCK_Y_SIZE), 0, stream>>>(") in macro
+    assert ("block_table.const_data_ptr<int32_t>(), \\ cu_seq_lens.const_data_ptr<int32_t>(), "
+            "batch_size, dst_k.stride(0), \\ dst_k.size(1), kv_cache.stride(0), "
+            "kv_cache.stride(1), \\ kv_cache.size(1), block_table.size(1), num_tokens, \\ "
+            "quant_block_size);") in macro
+    body = flat[flat.index("void cp_gather_indexer_k_quant_cache("):]
+    assert ("if (num_tokens < 32) { CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(1); } else if "
+            "(num_tokens < 64) { CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(2); } else if (num_tokens "
+            "< 128) { CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(4); } else if (num_tokens < 256) { "
+            "CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(8); } else if (num_tokens < 512) { "
+            "CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(16); } else { "
+            "CALL_CP_GATHER_INDEXER_K_QUANT_CACHE(32); }") in body
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

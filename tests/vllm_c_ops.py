@@ -1,6 +1,6 @@
-"""Two of vLLM's DeepSeek-V4 CUDA sources, built outside vLLM as small shared libraries and
-called through ctypes, so that the GPU tests can run them as SM80 code next to their SM90
-builds:
+"""vLLM CUDA kernels on the DeepSeek-V4 SM80 path, built outside vLLM as small shared
+libraries and called through ctypes, so that the GPU tests can run them as SM80 code next to
+their SM90 builds:
 
 - ``dsv4_insert``: ``csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu``. On SM8x every
   DeepSeek-V4/V4.1 attention layer calls this compiled op first
@@ -10,11 +10,13 @@ builds:
   conversion is cuda_fp8.h's software path instead of the SM89+ instruction.
 - ``dsv4_hash_topk``: ``csrc/moe/topk_softplus_sqrt_kernels.cu``, the router of V4's hash MoE
   layers (``torch.ops._moe_C.topk_hash_softplus_sqrt`` with a token -> experts table).
+- ``indexer_k_gather``: ``cp_gather_indexer_k_quant_cache_kernel`` of ``csrc/cache_kernels.cu``,
+  which the SM80 indexer's prefill (V4 and V4.1) calls to gather K rows and scales.
 
-vLLM builds both for every CUDA architecture; nothing else here runs them as SM80 code.
+vLLM builds them for every CUDA architecture; nothing else here runs them as SM80 code.
 
 Each library is the kernel half of the upstream file (cut before its stable-ABI torch
-wrappers, ``UpstreamSource.cut``) plus a C harness from ``tests/vllm_c/`` (entry points that
+wrappers, ``UpstreamSource.cut``; or one kernel taken out of it, ``extract``) plus a C harness from ``tests/vllm_c/`` (entry points that
 restate the wrappers' host glue) and ``tests/vllm_c/torch_utils.h`` (a stand-in for vLLM's
 header that can report a capability). It needs nvcc and torch's header-only headers, no
 libtorch link.
@@ -48,10 +50,12 @@ _HERE = Path(__file__).resolve().parent / "vllm_c"
 @dataclass(frozen=True)
 class UpstreamSource:
     path: str                  # the upstream file, relative to the tree
-    headers: tuple[str, ...]   # local headers it includes (quote includes), copied along
-    cut: re.Pattern            # the first torch-op wrapper; everything before it is kept
+    headers: tuple[str, ...]   # local headers it or the harness includes, copied along
+    cut: re.Pattern            # kept: the text before this (the first torch-op wrapper) or,
+                               # with extract, the one definition that starts here
     harness: str               # tests/vllm_c/<harness>: the C entry points
     lib: str                   # library file name
+    extract: bool = False      # True: only the definition at `cut`, to its closing brace
 
 
 SOURCES = {
@@ -66,6 +70,12 @@ SOURCES = {
         re.compile(r"^template <typename ComputeType>\s*\nvoid dispatch_topk_softplus_sqrt_launch\(",
                    re.M),
         "hash_topk_harness.cu", "libdsv4_hash_topk.so"),
+    # The indexer K gather sits among cache_kernels.cu's wrappers: only its kernel is taken.
+    "indexer_k_gather": UpstreamSource(
+        "csrc/cache_kernels.cu", ("csrc/core/utils.hpp",),
+        re.compile(r"^template <int BLOCK_Y_SIZE>\s*\n__global__ void "
+                   r"cp_gather_indexer_k_quant_cache_kernel\(", re.M),
+        "indexer_k_gather_harness.cu", "libindexer_k_gather.so", extract=True),
 }
 # Stable-ABI headers the wrappers need and the kernel halves do not.
 _STABLE_INCLUDE = re.compile(r'^\s*#include\s*[<"]torch/csrc/stable/[^>"]+[>"]\s*$', re.M)
@@ -107,15 +117,45 @@ def find_tree(source: str = "dsv4_insert") -> Path | None:
 
 
 def kernel_half(text: str, source: str = "dsv4_insert") -> str:
-    """The upstream file cut before its first torch-op wrapper, stable includes dropped."""
+    """The upstream file cut before its first torch-op wrapper, stable includes dropped; or,
+    for an ``extract`` source, the one definition that starts at ``cut``."""
     src = SOURCES[source]
     m = src.cut.search(text)
     if m is None:
         raise VllmCError(
-            f"{src.path}: no line matching {src.cut.pattern!r}; upstream moved its torch-op "
-            f"wrappers. Update SOURCES[{source!r}].cut in tests/vllm_c_ops.py to the first "
-            f"wrapper and check that tests/vllm_c/{src.harness} still restates their host glue.")
+            f"{src.path}: no line matching {src.cut.pattern!r}; upstream moved or renamed what "
+            f"the harness takes. Update SOURCES[{source!r}].cut in tests/vllm_c_ops.py and check "
+            f"that tests/vllm_c/{src.harness} still restates the host glue.")
+    if src.extract:
+        return text[m.start():_definition_end(text, m.end(), src.path)] + "\n"
     return _STABLE_INCLUDE.sub("", text[:m.start()])
+
+
+def _definition_end(text: str, pos: int, path: str) -> int:
+    """Index just past the brace that closes the first body opened at or after ``pos``
+    (line comments, block comments and string / character literals skipped)."""
+    depth, i, n = 0, pos, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            i = text.find("*/", i)
+            i = n if i < 0 else i + 1
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            i = j
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise VllmCError(f"{path}: the definition taken by the harness has no closing brace")
 
 
 def _torch_include() -> Path:
@@ -342,7 +382,50 @@ class HashTopkLib(_CLib):
         return weights, ids
 
 
-_LIB_CLASS = {"dsv4_insert": InsertLib, "dsv4_hash_topk": HashTopkLib}
+class IndexerKGatherLib(_CLib):
+    """``cp_gather_indexer_k_quant_cache``: the prefill indexer's K and scale rows gathered
+    from the indexer cache (fp8 [block_size x head_dim] then fp32 scales [block_size] per
+    block) in request order."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        f = self._lib.cp_gather_indexer_k_quant_cache
+        i64 = ctypes.c_int64
+        f.argtypes = [_P, _P, _P, _P, _P, _I, i64, i64, i64, i64, i64, _I, _I, _I, _P,
+                      ctypes.c_char_p, _I]
+        f.restype = _I
+
+    def cp_gather_indexer_k_quant_cache(self, kv_cache, dst_k, dst_scale, block_table,
+                                        cu_seq_lens) -> None:
+        """As the upstream op: ``kv_cache`` [num_blocks, block_size, cache_stride] (uint8),
+        ``dst_k`` [num_tokens, head_dim], ``dst_scale`` [num_tokens, head_dim / quant_block
+        * 4] (bytes), ``block_table`` [batch, max_blocks] int32, ``cu_seq_lens`` [batch + 1]
+        int32."""
+        import torch
+
+        t, head_dim = dst_k.shape
+        ok = (kv_cache.is_cuda and kv_cache.dim() == 3 and kv_cache.element_size() == 1
+              and dst_k.element_size() == 1 and dst_k.stride(1) == 1
+              and dst_scale.element_size() == 1 and dst_scale.dim() == 2
+              and dst_scale.size(0) == t and head_dim % 16 == 0
+              and block_table.dtype == torch.int32 and block_table.dim() == 2
+              and cu_seq_lens.dtype == torch.int32
+              and tuple(cu_seq_lens.shape) == (block_table.size(0) + 1,))
+        if not ok:
+            raise ValueError("cp_gather_indexer_k_quant_cache: arguments outside what the "
+                             "upstream op accepts")
+        quant_block = head_dim * 4 // dst_scale.size(1)
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.cp_gather_indexer_k_quant_cache(
+            kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr(), block_table.data_ptr(),
+            cu_seq_lens.data_ptr(), block_table.size(0), dst_k.stride(0), head_dim,
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.size(1), block_table.size(1), t,
+            quant_block, self._stream(), err, len(err))
+        self._check(rc, err, "cp_gather_indexer_k_quant_cache")
+
+
+_LIB_CLASS = {"dsv4_insert": InsertLib, "dsv4_hash_topk": HashTopkLib,
+              "indexer_k_gather": IndexerKGatherLib}
 
 
 def load(variant: str, source: str = "dsv4_insert"):

@@ -50,11 +50,12 @@ DEFAULT_OUT = REPO / "dist" / "deepinfer-gpu-bundle.tar.gz"
 WHEELS = {"pyzmq": "zmq"}
 
 # CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
-# vLLM's SWA writer, the hash-layer MoE router and the headers they include;
-# tests/test_vllm_c_build.py keeps the two lists in step).
+# vLLM's SWA writer, the hash-layer MoE router, the indexer K gather and the headers they
+# include; tests/test_vllm_c_build.py keeps the two lists in step).
 VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type_convert.cuh",
              "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h",
-             "csrc/moe/topk_softplus_sqrt_kernels.cu", "csrc/cub_helpers.h")
+             "csrc/moe/topk_softplus_sqrt_kernels.cu", "csrc/cub_helpers.h",
+             "csrc/cache_kernels.cu", "csrc/core/utils.hpp")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",
