@@ -2,6 +2,8 @@
 there is none. The `ext` fixture loads the built extension `deepinfer_sm80._C`
 ($DEEPINFER_SM80_EXT / $DEEPINFER_SM80_LIB or overlay/deepinfer_sm80/_C*.so); on a CUDA
 machine a missing build is an error, not a skip."""
+import os
+
 import pytest
 
 try:
@@ -32,3 +34,11 @@ def ext():
 
     _ext.load()
     return torch.ops.deepinfer_sm80
+
+
+@pytest.fixture
+def rng():
+    """A CPU generator on a fresh random seed, printed so that a failure can be replayed."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    return torch.Generator(device="cpu").manual_seed(seed)

@@ -17,29 +17,16 @@ reports any launch error. Checked here, on fresh random inputs (the seed is prin
 from __future__ import annotations
 
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
-
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
 
 import vllm_c_ops  # noqa: E402
 
 DEV = "cuda"
 VOCAB = 129280
 SENTINEL = 128000  # image sentinel ids: SENTINEL .. SENTINEL + 4
-
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")
-    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +89,12 @@ def _sqrt_softplus(gating: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w, dw
 
 
-def test_sm80_build_equals_sm90_build(libs):
+def test_sm80_build_equals_sm90_build(libs, rng):
     if "sm90" not in libs:
         pytest.skip("the SM90 build needs a 9.0+ GPU (this one is "
                     f"{torch.cuda.get_device_capability()})")
-    g = _gen()
     for case in CASES:
-        d = _inputs(case, g)
+        d = _inputs(case, rng)
         w80, i80 = _run(libs["sm80"], d)
         w90, i90 = _run(libs["sm90"], d)
         assert torch.equal(i80, i90), case
@@ -116,9 +102,8 @@ def test_sm80_build_equals_sm90_build(libs):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sm80_build_against_reference(libs, case):
-    g = _gen()
-    d = _inputs(case, g)
+def test_sm80_build_against_reference(libs, case, rng):
+    d = _inputs(case, rng)
     w, ids = _run(libs["sm80"], d)
     t = d["gating"].size(0)
     vals, dvals = _sqrt_softplus(d["gating"])                      # [t, e] float64

@@ -14,28 +14,14 @@ Fresh random inputs per run (the seed is printed); outputs poisoned.
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
-
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
 
 import vllm_c_ops  # noqa: E402
 
 DEV = "cuda"
 HEAD_DIM, SCALE_BYTES = 128, 4  # V4/V4.1 indexer: 128 dims, one fp32 scale per row
-
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")
-    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +84,8 @@ def _reference(d):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sm80_build_against_layout(libs, case):
-    g = _gen()
-    d = _inputs(case, g)
+def test_sm80_build_against_layout(libs, case, rng):
+    d = _inputs(case, rng)
     k, s = _run(libs["sm80"], d)
     wk, ws = _reference(d)
     assert torch.equal(k, wk), f"{int((k != wk).any(dim=1).sum())} K rows differ"
@@ -108,11 +93,10 @@ def test_sm80_build_against_layout(libs, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sm80_build_equals_sm90_build(libs, case):
+def test_sm80_build_equals_sm90_build(libs, case, rng):
     if "sm90" not in libs:
         pytest.skip("the SM90 build needs a 9.0+ GPU (this one is "
                     f"{torch.cuda.get_device_capability()})")
-    g = _gen()
-    d = _inputs(case, g)
+    d = _inputs(case, rng)
     a, b = _run(libs["sm80"], d), _run(libs["sm90"], d)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -20,17 +20,9 @@ Fresh random inputs per run (the seed is printed); caches poisoned with random b
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
-
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
 
 import vllm_c_ops  # noqa: E402
 from deepinfer_sm80.reference import cache as RC  # noqa: E402
@@ -38,12 +30,6 @@ from deepinfer_sm80.reference import cache as RC  # noqa: E402
 DEV = "cuda"
 EPS = 1e-6
 MAX_POS = 8192
-
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")
-    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +152,11 @@ def test_sm80_build_reports_ampere(libs):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sm80_build_equals_sm90_build(libs, case):
+def test_sm80_build_equals_sm90_build(libs, case, rng):
     if "sm90" not in libs:
         pytest.skip("the SM90 build needs a 9.0+ GPU (this one is "
                     f"{torch.cuda.get_device_capability()})")
-    g = _gen()
-    d = _inputs(case, g, special=True)
+    d = _inputs(case, rng, special=True)
     cos_sin = _cos_sin()
     q80, c80 = _run_fused(libs["sm80"], d, cos_sin)
     q90, c90 = _run_fused(libs["sm90"], d, cos_sin)
@@ -184,9 +169,8 @@ def test_sm80_build_equals_sm90_build(libs, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sm80_build_against_reference(libs, case):
-    g = _gen()
-    d = _inputs(case, g, special=False)
+def test_sm80_build_against_reference(libs, case, rng):
+    d = _inputs(case, rng, special=False)
     cos_sin = _cos_sin()
     q_out, cache = _run_fused(libs["sm80"], d, cos_sin)
     _assert_bf16_close(q_out, _q_reference(d["q"], d["pos"], cos_sin, d["norm"], d["hp"]), "Q")
@@ -211,9 +195,8 @@ def test_sm80_build_against_reference(libs, case):
 
 @pytest.mark.parametrize("case", ["v4flash-tp8-decode", "dp-padding", "prefill-reduced-grid",
                                   "block128"])
-def test_kv_only_op_equals_fused_kv_half(libs, case):
-    g = _gen()
-    d = _inputs(case, g, special=True)
+def test_kv_only_op_equals_fused_kv_half(libs, case, rng):
+    d = _inputs(case, rng, special=True)
     cos_sin = _cos_sin()
     _, fused = _run_fused(libs["sm80"], d, cos_sin)
     flat = d["poison"].to(DEV)
@@ -225,13 +208,12 @@ def test_kv_only_op_equals_fused_kv_half(libs, case):
 
 
 @pytest.mark.parametrize("case", ["v4flash-tp8-decode", "prefill-reduced-grid", "block128"])
-def test_our_insert_kernel_equals_vllm_writer(ext, libs, case):
+def test_our_insert_kernel_equals_vllm_writer(ext, libs, case, rng):
     """deepinfer_sm80's quantize_and_insert_k_cache, given the rows vLLM's writer quantised
     (NoPE input, RoPE as written), writes the same bytes."""
     from deepinfer_sm80.ops import cache as OC
 
-    g = _gen()
-    d = _inputs(case, g, special=True)
+    d = _inputs(case, rng, special=True)
     cos_sin = _cos_sin()
     _, theirs = _run_fused(libs["sm80"], d, cos_sin)
     n_ins = d["slots"].numel()
