@@ -11,6 +11,8 @@ installed and once without.
   (expectations below), and the pristine tree decides differently at each of them
   (so reverting a patch flips a decision this test checks).
 - 9.0 / 10.0 / 12.0: every decision equals the pristine tree's.
+- 8.0 / 8.6: vLLM's quantised-GEMM selectors (linears, MoE experts) pick Marlin, in
+  both trees (no patch needed there).
 
 Marked ``network``: the apply needs the vLLM sdist (downloaded once, then cached).
 """
@@ -194,6 +196,24 @@ def test_pristine_tree_decides_otherwise_on_sm8x(decisions, cap: str) -> None:
     # and the SM8x expectations reject the pristine decisions
     assert len(_expect_sm8x(d)) >= 10
 
+
+@pytest.mark.parametrize("installed", ["installed", "absent"])
+@pytest.mark.parametrize("cap", ("8.6", "8.0"))
+def test_sm8x_quantised_gemms_take_marlin(decisions, cap: str, installed: str) -> None:
+    """vLLM's own selectors give every quantised GEMM of V4 and V4.1 a Marlin kernel on
+    Ampere (weight-only: FP8 blocks, MXFP8, MXFP4 experts; V4-Flash-Base's FP8 experts),
+    at TP 1, TP 8 and EP 8, with or without DeepGEMM / CUTLASS DSL installed. Upstream
+    needs no patch here (the upstream map lists these as portable): the pristine tree
+    decides the same."""
+    got = decisions[("patched", installed)][cap]["quant_kernels"]
+    assert "error" not in got, got
+    assert len(got) == 3 + 3 * 3 + 3, sorted(got)  # linears, MXFP4 MoE, FP8 MoE
+    for case, kernel in got.items():
+        if case.startswith("moe_"):
+            assert kernel == {"backend": "MARLIN", "experts": "MarlinExperts"}, (case, kernel)
+        else:
+            assert kernel.startswith("Marlin"), (case, kernel)
+    assert decisions[("pristine", installed)][cap]["quant_kernels"] == got
 
 def test_multi_capability_process_matches_a_fresh_one(trees, decisions, tmp_path_factory
                                                        ) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -1471,6 +1472,122 @@ def _current_platform() -> Any:
     return current_platform
 
 
+#: DeepSeek-V4 / V4.1 GEMM shapes the quantised-kernel probe asks about: name -> (hidden,
+#: moe_intermediate, routed experts, top-k). V4-Flash and V4-Pro (upstream map §8); V4.1-Flash.
+_MOE_MODELS = {"v4_flash": (4096, 2048, 256, 6), "v4_pro": (7168, 3072, 384, 6),
+               "v41_flash": (5120, 2304, 256, 6)}
+
+
+def _dsv4_moe_config(hidden: int, inter: int, experts: int, topk: int, tp: int,
+                     ep: bool) -> Any:
+    """The ``FusedMoEConfig`` vLLM's ``FusedMoE`` builds for a DeepSeek-V4 MoE layer
+    (fused_moe/layer.py:360-391): silu gate with V4's swiglu clamp (10), the DeepseekV4
+    routing method, bf16 activations, TP ``tp`` (or EP ``tp`` with ``ep``), no DP, the
+    default ``auto`` backend."""
+    import torch
+
+    from vllm.config import ParallelConfig
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
+    )
+
+    # FusedMoEParallelConfig.make asks the (here uninitialised) process groups for ranks;
+    # these are the fields it returns for rank 0 of TP ``tp`` (layer.py make_parallel_config),
+    # or, with expert parallelism, of EP ``tp`` over the TP ranks.
+    par = FusedMoEParallelConfig(
+        tp_size=1 if ep else tp, tp_rank=0, pcp_size=1, pcp_rank=0, dp_size=1, dp_rank=0,
+        ep_size=tp if ep else 1, ep_rank=0, sp_size=1, use_ep=ep,
+        all2all_backend=ParallelConfig().all2all_backend, enable_eplb=False)
+    return FusedMoEConfig(
+        num_experts=experts, experts_per_token=topk, hidden_dim=hidden,
+        intermediate_size=inter, num_local_experts=experts // tp if ep else experts,
+        num_logical_experts=experts,
+        activation=MoEActivation.from_str("silu"), device="cuda",
+        routing_method=RoutingMethodType.DeepseekV4, moe_parallel_config=par,
+        in_dtype=torch.bfloat16, router_logits_dtype=torch.float32, swiglu_limit=10.0)
+
+
+def _clear_vllm_function_caches() -> None:
+    """Empty every ``functools.cache`` / ``lru_cache`` of the imported vLLM modules: the
+    kernel selectors consult cached capability checks (``utils/deep_gemm.py``,
+    ``utils/flashinfer.py``, ``fp8_utils.py``), which would otherwise answer a later
+    capability of this process with an earlier one's result."""
+    for name, module in list(sys.modules.items()):
+        if not (name == "vllm" or name.startswith("vllm.")) or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if (isinstance(value, functools._lru_cache_wrapper)
+                    and getattr(value, "__module__", None) == name):
+                value.cache_clear()
+
+
+def probe_quant_kernels() -> dict[str, Any]:
+    """Which of vLLM's quantised GEMM kernels the DeepSeek-V4 / V4.1 layers get, from the
+    real selectors: the FP8-block linears (``init_fp8_linear_kernel``, V4's
+    ``fused_wqa_wkv``, ``wq_b``, ``wo_b``, shared experts), V4.1's MXFP8 linears
+    (``init_mxfp8_linear_kernel``), the routed experts with MXFP4 weights
+    (``select_deepseek_v4_mxfp4_moe_backend``, V4-Flash / V4-Pro / V4.1) and with FP8-block
+    weights (``select_fp8_moe_backend``, V4-Flash-Base), at TP 1, TP 8 and EP 8. Each entry is the
+    kernel class (and MoE backend) picked, or the error the selector raised."""
+    import torch
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.kernels import linear as lk
+    from vllm.model_executor.layers.fused_moe.oracle import fp8 as fp8_oracle
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as mxfp4_oracle
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        GroupShape,
+        create_fp8_quant_key,
+        kFp8Dynamic128Sym,
+    )
+
+    def attempt(fn: Callable[[], Any]) -> Any:
+        try:
+            got = fn()
+        except Exception as exc:  # the selectors raise when nothing fits
+            return _error(exc)
+        if isinstance(got, tuple):
+            backend, cls = got
+            return {"backend": getattr(backend, "value", str(backend)),
+                    "experts": None if cls is None else cls.__name__}
+        return type(got).__name__
+
+    from vllm.model_executor.layers.quantization.utils import w8a8_utils
+
+    _clear_vllm_function_caches()
+    # w8a8_utils.py:41 evaluates CUTLASS_BLOCK_FP8_SUPPORTED once, at import (under the
+    # first capability this process probed); the CUTLASS block kernel reads that name.
+    block_fp8 = w8a8_utils.cutlass_block_fp8_supported()
+    constants = [(m, "CUTLASS_BLOCK_FP8_SUPPORTED", block_fp8) for n, m in list(sys.modules.items())
+                 if n.startswith("vllm.") and hasattr(m, "CUTLASS_BLOCK_FP8_SUPPORTED")]
+    act = create_fp8_quant_key(static=False, group_shape=GroupShape(1, 128))
+    wkey = create_fp8_quant_key(static=True, group_shape=GroupShape(128, 128))
+    out: dict[str, Any] = {}
+    with set_current_vllm_config(VllmConfig()), _patched(constants):
+        # (N, K): V4-Flash fused_wqa_wkv (1024 + 512 rows of 4096), V4-Pro wo_b, V4.1 wkv
+        for name, shape in (("fp8_block/4096x1536", (1536, 4096)),
+                            ("fp8_block/7168x7168", (7168, 7168))):
+            out[name] = attempt(lambda shape=shape: lk.init_fp8_linear_kernel(
+                activation_quant_key=act, weight_quant_key=wkey, weight_shape=shape,
+                input_dtype=torch.bfloat16, out_dtype=torch.bfloat16))
+        out["mxfp8/5120x1792"] = attempt(
+            lambda: lk.init_mxfp8_linear_kernel(weight_shape=(1792, 5120)))
+        for model, (hidden, inter, experts, topk) in _MOE_MODELS.items():
+            for par, tp, ep in (("tp1", 1, False), ("tp8", 8, False), ("ep8", 8, True)):
+                moe = _dsv4_moe_config(hidden, inter if ep else inter // tp, experts, topk,
+                                       tp, ep)
+                out[f"moe_mxfp4/{model}/{par}"] = attempt(
+                    lambda moe=moe: mxfp4_oracle.select_deepseek_v4_mxfp4_moe_backend(moe))
+                if model == "v4_flash":
+                    out[f"moe_fp8/{model}/{par}"] = attempt(
+                        lambda moe=moe: fp8_oracle.select_fp8_moe_backend(
+                            moe, weight_key=wkey, activation_key=kFp8Dynamic128Sym))
+    return out
+
+
 PROBES: dict[str, Callable[[], Any]] = {
     "attn_cls": probe_attn_cls,
     "v41_attn_cls": probe_v41_attn_cls,
@@ -1488,6 +1605,7 @@ PROBES: dict[str, Callable[[], Any]] = {
     "o_proj": probe_o_proj,
     "sparse_indexer_init": probe_sparse_indexer_init,
     "mhc_broadcast_route": probe_mhc_broadcast_route,
+    "quant_kernels": probe_quant_kernels,
 }
 
 #: Probes not in the default set (asked for by name): they need the patched tree or
