@@ -1399,8 +1399,9 @@ def _mhc_v41_registrations(cfg: Any, hidden: int, hc_mult: int = 4) -> list[tupl
 def probe_mhc_tilelang_aot() -> dict[str, Any]:
     """Compile every TileLang mHC warmup key of DeepSeek-V4 (hidden 4096: V4-Flash;
     $DEEPINFER_MHC_HIDDEN to change; $DEEPINFER_MHC_MODEL=v41: DeepSeek-V4.1's decoder
-    layer instead; $DEEPINFER_MHC_FORCE_PDL=1: a control with PDL forced on) for the
-    probed capability's architecture, as vLLM
+    layer instead; $DEEPINFER_MHC_FORCE_PDL=1: a control with PDL forced on;
+    $DEEPINFER_MHC_KEYS_PER_REGISTRATION=n: only the first n keys of each registration) for
+    the probed capability's architecture, as vLLM
     does at start-up (``VllmTileLangJitKernel.compile``: no launch), with the split-k grid
     sized for the part's SMs (A100 108, SM86 84). Per kernel: keys, compiled, failures,
     SM90-only features found in the generated CUDA source, and the targets compiled for."""
@@ -1436,10 +1437,12 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
                                "kernels": {}}
         regs = (_mhc_v41_registrations if model == "v41" else _mhc_tilelang_registrations)(
             cfg, hidden)
+        per_reg = int(os.environ.get("DEEPINFER_MHC_KEYS_PER_REGISTRATION", "0"))
         for kernel, args, kwargs in regs:
             entry = out["kernels"].setdefault(type(kernel).__name__,
                                               {"keys": 0, "compiled": 0, "failed": []})
-            _compile_each(kernel, kernel.get_warmup_keys(*args, **kwargs), entry)
+            keys = list(kernel.get_warmup_keys(*args, **kwargs))
+            _compile_each(kernel, keys[:per_reg] if per_reg > 0 else keys, entry)
         from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
         found: dict[str, list[str]] = {}
