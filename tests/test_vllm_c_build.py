@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-_TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(_TESTS))
-sys.path.insert(0, str(_TESTS.parent / "tools"))
-
-import vllm_c_ops  # noqa: E402
-from deepinfer import bundle  # noqa: E402
+import vllm_c_ops
+from deepinfer import bundle
 
 
 def _tree(source: str) -> Path:

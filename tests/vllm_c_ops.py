@@ -429,7 +429,7 @@ _LIB_CLASS = {"dsv4_insert": InsertLib, "dsv4_hash_topk": HashTopkLib,
 
 
 def load(variant: str, source: str = "dsv4_insert"):
-    """The source's library for the variant, wrapped (InsertLib / HashTopkLib)."""
+    """The source's library for the variant, wrapped in its class (``_LIB_CLASS``)."""
     return _LIB_CLASS[source](build(variant, source))
 
 

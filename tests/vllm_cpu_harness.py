@@ -692,6 +692,23 @@ class _AotDriver:
         return self.target
 
 
+def _triton_aot(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
+                num_warps: int) -> str:
+    """Compile a ``@triton.jit`` kernel ahead of time for the probed capability: "ok", or
+    the error's last line."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
+    try:
+        kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
+                                target=target, options={"num_warps": num_warps})
+    except Exception as exc:
+        return str(exc).strip().splitlines()[-1][:200]
+    return "ok" if kernel.asm.get("cubin") else "no cubin"
+
+
 def probe_short_context_topk_aot() -> dict[str, Any]:
     """The indexer's short-context kernel (``_fill_short_context_topk_indices``: every
     candidate selected while a row sees no more than top-k of them) is launched bare from
@@ -699,27 +716,16 @@ def probe_short_context_topk_aot() -> dict[str, Any]:
     it. Compile V4's and V4.1's for the probed capability with their call sites' values
     (top-k 512 padded to 512, num_warps 8; ratio 4 for V4, 1 and 2 for V4.1):
     "module/ratio" -> "ok" or the error's last line."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from vllm.models.deepseek_v4 import attention as v4
     from vllm.models.deepseek_v41 import attention as v41
 
-    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
     sig = {"output": "*i32", "positions": "*i64", "TOP_K": "constexpr",
            "COMPRESS_RATIO": "constexpr", "PADDED_TOP_K": "constexpr"}
-    out: dict[str, Any] = {}
-    for name, module, ratios in (("v4", v4, (4,)), ("v41", v41, (1, 2))):
-        for ratio in ratios:
-            src = ASTSource(module._fill_short_context_topk_indices, sig, constexprs={
-                "TOP_K": 512, "COMPRESS_RATIO": ratio, "PADDED_TOP_K": 512})
-            try:
-                kernel = triton.compile(src, target=target, options={"num_warps": 8})
-                out[f"{name}/{ratio}"] = "ok" if kernel.asm.get("cubin") else "no cubin"
-            except Exception as exc:
-                out[f"{name}/{ratio}"] = str(exc).strip().splitlines()[-1][:200]
-    return out
+    return {f"{name}/{ratio}": _triton_aot(
+                module._fill_short_context_topk_indices, sig,
+                {"TOP_K": 512, "COMPRESS_RATIO": ratio, "PADDED_TOP_K": 512}, num_warps=8)
+            for name, module, ratios in (("v4", v4, (4,)), ("v41", v41, (1, 2)))
+            for ratio in ratios}
 
 
 def probe_moe_router_topk_aot() -> dict[str, Any]:
@@ -732,12 +738,9 @@ def probe_moe_router_topk_aot() -> dict[str, Any]:
     last line. ``DEEPINFER_ROUTER_FORCE_PDL=1`` compiles with PDL on (what 9.0+ runs), a
     control that must fail below 9.0."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from vllm.model_executor.layers.fused_moe.router import dsv4_topk
 
-    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
     pdl = os.environ.get("DEEPINFER_ROUTER_FORCE_PDL") == "1"
     sig = {"gating_output_ptr": "*fp32", "correction_bias_ptr": "*fp32",
            "is_padding_ptr": "*i1", "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32",
@@ -748,15 +751,10 @@ def probe_moe_router_topk_aot() -> dict[str, Any]:
     for experts in (256, 384):
         for padding in (False, True):
             for vl in (False, True):
-                src = ASTSource(dsv4_topk._dsv4_topk_kernel, sig, constexprs={
-                    "NUM_EXPERTS": experts, "BLOCK_N": triton.next_power_of_2(experts),
-                    "HAS_PADDING": padding, "HAS_VL": vl, "launch_pdl": pdl})
                 key = f"{experts}/{'pad' if padding else 'nopad'}/{'vl' if vl else 'novl'}"
-                try:
-                    kernel = triton.compile(src, target=target, options={"num_warps": 1})
-                    out[key] = "ok" if kernel.asm.get("cubin") else "no cubin"
-                except Exception as exc:
-                    out[key] = str(exc).strip().splitlines()[-1][:200]
+                out[key] = _triton_aot(dsv4_topk._dsv4_topk_kernel, sig, {
+                    "NUM_EXPERTS": experts, "BLOCK_N": triton.next_power_of_2(experts),
+                    "HAS_PADDING": padding, "HAS_VL": vl, "launch_pdl": pdl}, num_warps=1)
     return out
 
 
@@ -1513,20 +1511,6 @@ def _dsv4_moe_config(hidden: int, inter: int, experts: int, topk: int, tp: int,
         in_dtype=torch.bfloat16, router_logits_dtype=torch.float32, swiglu_limit=10.0)
 
 
-def _clear_vllm_function_caches() -> None:
-    """Empty every ``functools.cache`` / ``lru_cache`` of the imported vLLM modules: the
-    kernel selectors consult cached capability checks (``utils/deep_gemm.py``,
-    ``utils/flashinfer.py``, ``fp8_utils.py``), which would otherwise answer a later
-    capability of this process with an earlier one's result."""
-    for name, module in list(sys.modules.items()):
-        if not (name == "vllm" or name.startswith("vllm.")) or module is None:
-            continue
-        for value in list(vars(module).values()):
-            if (isinstance(value, functools._lru_cache_wrapper)
-                    and getattr(value, "__module__", None) == name):
-                value.cache_clear()
-
-
 def probe_quant_kernels() -> dict[str, Any]:
     """Which of vLLM's quantised GEMM kernels the DeepSeek-V4 / V4.1 layers get, from the
     real selectors: the FP8-block linears (``init_fp8_linear_kernel``, V4's
@@ -1558,18 +1542,10 @@ def probe_quant_kernels() -> dict[str, Any]:
                     "experts": None if cls is None else cls.__name__}
         return type(got).__name__
 
-    from vllm.model_executor.layers.quantization.utils import w8a8_utils
-
-    _clear_vllm_function_caches()
-    # w8a8_utils.py:41 evaluates CUTLASS_BLOCK_FP8_SUPPORTED once, at import (under the
-    # first capability this process probed); the CUTLASS block kernel reads that name.
-    block_fp8 = w8a8_utils.cutlass_block_fp8_supported()
-    constants = [(m, "CUTLASS_BLOCK_FP8_SUPPORTED", block_fp8) for n, m in list(sys.modules.items())
-                 if n.startswith("vllm.") and hasattr(m, "CUTLASS_BLOCK_FP8_SUPPORTED")]
     act = create_fp8_quant_key(static=False, group_shape=GroupShape(1, 128))
     wkey = create_fp8_quant_key(static=True, group_shape=GroupShape(128, 128))
     out: dict[str, Any] = {}
-    with set_current_vllm_config(VllmConfig()), _patched(constants):
+    with set_current_vllm_config(VllmConfig()):
         # (N, K): V4-Flash fused_wqa_wkv (1024 + 512 rows of 4096), V4-Pro wo_b, V4.1 wkv
         for name, shape in (("fp8_block/4096x1536", (1536, 4096)),
                             ("fp8_block/7168x7168", (7168, 7168))):
@@ -1626,6 +1602,37 @@ EXTRA_PROBES: dict[str, Callable[[], Any]] = {
 }
 
 
+#: Module-level names vLLM computes from the device capability once, at import: module ->
+#: (name, the function that computes it). A process that probes several capabilities
+#: recomputes them for each (``_reset_capability_state``).
+_IMPORT_TIME_CONSTANTS = {
+    "vllm.model_executor.layers.quantization.utils.w8a8_utils": (
+        "CUTLASS_BLOCK_FP8_SUPPORTED", "cutlass_block_fp8_supported"),
+}
+
+
+def _reset_capability_state() -> None:
+    """Make an already-imported vLLM answer for the newly probed capability as a fresh
+    process would: empty every ``functools.cache`` / ``lru_cache`` of its modules (capability
+    checks such as ``utils/deep_gemm.py``'s, ``utils/flashinfer.py``'s and
+    ``fp8_utils.py``'s), and recompute :data:`_IMPORT_TIME_CONSTANTS` in every module that
+    holds them (``w8a8_utils.py:41``; the CUTLASS block kernel imports the name). Without it
+    an 8.0 probe after a 12.0 one was given the CUTLASS FP8-block linear kernel."""
+    modules = [(n, m) for n, m in list(sys.modules.items())
+               if m is not None and (n == "vllm" or n.startswith("vllm."))]
+    for name, module in modules:
+        for value in list(vars(module).values()):
+            if (isinstance(value, functools._lru_cache_wrapper)
+                    and getattr(value, "__module__", None) == name):
+                value.cache_clear()
+    for owner, (const, fn) in _IMPORT_TIME_CONSTANTS.items():
+        if owner in sys.modules:
+            value = getattr(sys.modules[owner], fn)()
+            for _, module in modules:
+                if const in vars(module):
+                    setattr(module, const, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, required=True)
@@ -1639,6 +1646,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for cap in args.capability:
         _CAPABILITY[:] = [int(x) for x in cap.split(".")]
+        _reset_capability_state()
         results[cap] = {}
         for name in args.probe or list(PROBES):
             try:
