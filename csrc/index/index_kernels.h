@@ -65,6 +65,39 @@ struct CombineOneReqParams {
   FastDivU31 ratio_div;           // make_fast_div(ratio)
 };
 
+// Lightning-indexer paged decode scorer (indexer_keys.cu): int64 top-k keys of
+//   logit[row, c] = k_scale[c] * sum_h relu(q[row, h] . k[c]) * w[row, h]
+// for the call's columns c = col0 + i, 0 <= i < n_cols; INT64_MIN outside [lo[row], hi[row]).
+struct IndexerKeysParams {
+  int64_t* out;                   // [rows, >= n_cols], row stride out_stride0 (elements)
+  int64_t out_stride0;
+  const uint8_t* q;               // [rows, heads, 128] e4m3 codes, contiguous
+  const float* w;                 // [rows, heads], contiguous
+  const uint8_t* pages;           // [num_pages, page_stride bytes]: bs x 128 codes, bs fp32
+  int64_t page_stride;            // bytes, a multiple of 16
+  int64_t num_pages;
+  const int32_t* block_table;     // [num_reqs, max_blocks], any strides
+  int64_t bt_stride0;
+  int64_t bt_stride1;
+  int num_reqs;
+  int max_blocks;
+  const int32_t* row_req;         // [rows] request of each row
+  const int32_t* lo;              // [rows] first visible global column
+  const int32_t* hi;              // [rows] end of the visible columns
+  int rows;
+  int heads;                      // 16, 32, 64 or 128
+  int col0;
+  int n_cols;
+  int block_size;                 // columns per page
+  FastDivU31 bs_div;              // set by the launcher
+  int chunk;                      // columns per block (multiple of 32); <= 0: the launcher's
+};
+
+constexpr int kIndexerKeysMaxChunk = 512;
+int indexer_keys_smem_bytes(int heads, int chunk);
+int indexer_keys_chunk(int rows, int n_cols, const DeviceLimits& lim);
+void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
+
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim, cudaStream_t stream);
 

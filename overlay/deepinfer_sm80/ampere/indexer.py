@@ -160,6 +160,36 @@ def _use_triton(scorer: str, t: torch.Tensor) -> bool:
     return scorer == "triton" or t.is_cuda
 
 
+def _scorer_choice(scorer: str) -> str:
+    """``auto`` defers to $DEEPINFER_INDEXER_SCORER (auto | cuda | triton | torch)."""
+    if scorer == "auto":
+        import os
+
+        scorer = os.environ.get("DEEPINFER_INDEXER_SCORER", "auto") or "auto"
+        if scorer not in ("auto", "cuda", "triton", "torch"):
+            raise ValueError(f"DEEPINFER_INDEXER_SCORER={scorer!r}: use auto, cuda, triton or torch")
+    return scorer
+
+
+def _use_cuda_paged(scorer: str, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """The CUDA paged scorer (``deepinfer_sm80.ops.indexer``) for ``scorer`` auto / cuda:
+    CUDA tensors, 16/32/64/128 heads of 128, 16-byte aligned pages, the extension built."""
+    if scorer != "cuda":  # not yet the default: GPU verification pending
+        return False
+    try:
+        from deepinfer_sm80.ops import indexer as cuda_indexer
+    except ImportError:
+        cuda_indexer = None
+    ok = (cuda_indexer is not None and q.is_cuda and kv_cache.is_cuda
+          and cuda_indexer.supports(q.shape[-2], q.shape[-1])
+          and kv_cache.stride(0) * kv_cache.element_size() % 16 == 0
+          and kv_cache.data_ptr() % 16 == 0 and cuda_indexer.available())
+    if scorer == "cuda" and not ok:
+        raise ValueError("scorer='cuda' needs CUDA tensors, heads in (16, 32, 64, 128) of 128, "
+                         "16-byte aligned pages and the built extension (make build)")
+    return ok
+
+
 def _tile_cols(rows: int, heads: int, budget: int, lo: int = 64) -> int:
     return max(lo, budget // max(1, rows * heads))
 
@@ -282,8 +312,13 @@ def decode_topk(
     best = None
     if candidates is not None:
         candidates.begin(0, rows, ctx.reshape(rows), maxb * block_size)
-    if _use_triton(scorer, q_fp8):
-        from .indexer_triton import mqa_logits_tile
+    scorer = _scorer_choice(scorer)
+    use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)
+    if use_cuda or _use_triton(scorer, q_fp8):
+        if use_cuda:
+            from deepinfer_sm80.ops.indexer import indexer_paged_keys as score_keys
+        else:
+            from .indexer_triton import mqa_logits_tile as score_keys
 
         q_u8 = (q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8)
         q_u8 = q_u8.reshape(rows, H, D)
@@ -298,9 +333,9 @@ def decode_topk(
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
         for t0 in range(0, total, tile):
             t1 = min(total, t0 + tile)
-            keys = mqa_logits_tile(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
-                                   pages=kv_cache, block_table=bt32, row_req=row_req,
-                                   block_size=block_size)[:, : t1 - t0]
+            keys = score_keys(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
+                              pages=kv_cache, block_table=bt32, row_req=row_req,
+                              block_size=block_size)[:, : t1 - t0]
             if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
             best = merge_topk(best, keys, topk)

@@ -1,0 +1,156 @@
+"""The lightning indexer's paged decode scorer: the CUDA kernel (``deepinfer_sm80.ops.indexer``,
+csrc/index/indexer_keys.cu) against the Triton scorer it replaces
+(``deepinfer_sm80.ampere.indexer_triton.mqa_logits_tile``, paged key mode), same inputs, same
+run; and the whole ``decode_topk`` (scoring + running top-k) with each scorer.
+
+Inputs: a paged FP8 indexer cache (64-entry pages of 132-byte entries, random page order,
+random codes without NaN, fp32 scales), 128-wide e4m3 queries, fp32 head weights, every
+request's rows seeing its whole context (next_n rows per request share its pages). Fresh
+random inputs every run; input sets rotated past twice the L2; CUDA-graph replay, median per
+call. Bytes that must move: each request's K entries once (132 B), Q and weights, 8-byte keys
+written per row and column. FLOPs: 2 x 128 x heads per row and column.
+
+    python bench/bench_indexer_keys.py [--quick] [--sm-count 108]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import torch
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+for _p in (_ROOT / "overlay", _ROOT / "bench"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import common  # noqa: E402
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+from deepinfer_sm80.ampere.indexer_triton import mqa_logits_tile  # noqa: E402
+from deepinfer_sm80.ops import indexer as OI  # noqa: E402
+
+D, BS, TOPK = 128, 64, 512
+
+# (requests, rows per request, context in compressed positions, heads)
+SHAPES = [(1, 1, 8192, 64), (8, 1, 65536, 64), (64, 1, 8192, 64), (128, 1, 4096, 64),
+          (128, 1, 4096, 32), (32, 6, 8192, 64)]
+QUICK = [(64, 1, 8192, 64), (32, 6, 8192, 64)]
+
+
+def make_set(B, NN, ctx, H, g):
+    ppr = -(-ctx // BS)
+    nb = B * ppr + 1
+    pages = torch.randint(0, 256, (nb, BS * (D + 4)), dtype=torch.uint8, device="cuda", generator=g)
+    codes = pages[:, : BS * D]
+    codes[(codes & 0x7F) == 0x7F] = 0x38
+    scales = torch.rand(nb, BS, device="cuda", generator=g) + 0.5
+    pages[:, BS * D:] = scales.view(torch.uint8).view(nb, -1)
+    bt = torch.randperm(nb, device="cuda", generator=g)[: B * ppr].view(B, ppr).int()
+    q = torch.randint(0, 256, (B * NN, H, D), dtype=torch.uint8, device="cuda", generator=g)
+    q[(q & 0x7F) == 0x7F] = 0xB8
+    w = torch.randn(B * NN, H, device="cuda", generator=g) * 0.1
+    rows = B * NN
+    return dict(pages=pages, bt=bt, q=q, w=w, rows=rows, n_cols=ppr * BS,
+                row_req=torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(NN),
+                lo=torch.zeros(rows, dtype=torch.int32, device="cuda"),
+                hi=torch.full((rows,), ctx, dtype=torch.int32, device="cuda"),
+                out=torch.empty(rows, ppr * BS, dtype=torch.int64, device="cuda"),
+                idx=torch.empty(rows, TOPK, dtype=torch.int32, device="cuda"),
+                lens=torch.full((B, NN), ctx, dtype=torch.int32, device="cuda"))
+
+
+def scorer_call(fn, s, **kw):
+    return lambda: fn(s["q"], s["w"], col0=0, n_cols=s["n_cols"], lo=s["lo"], hi=s["hi"],
+                      out=s["out"], pages=s["pages"], block_table=s["bt"], row_req=s["row_req"],
+                      block_size=BS, **kw)
+
+
+def topk_call(s, B, NN, H, scorer):
+    q4 = s["q"].view(B, NN, H, D)
+    return lambda: I.decode_topk(q4, s["w"], s["pages"], s["lens"], s["bt"], BS, TOPK, s["idx"],
+                                 scorer=scorer)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sm-count", type=int, default=108,
+                    help="also time the CUDA scorer with its grid sized for this SM count")
+    ap.add_argument("--no-doc", action="store_true")
+    args = ap.parse_args(argv)
+    common.require_cuda()
+    report = common.Report(
+        name="bench_indexer_keys",
+        title="Lightning-indexer paged decode scorer and decode top-k",
+        columns=["what", "shape", "impl", "median_us", "gbps", "pct_copy", "tflops",
+                 "speedup_vs_triton", "equal_to_triton"])
+    report.meta["copy"] = common.copy_bandwidth()
+    copy_gbps = report.meta["copy"]["gbps_read_plus_write"]
+    print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
+    report.notes.append(
+        "triton = the Triton scorer the CUDA kernel replaces (same contract: paged key mode); "
+        "scorer rows time one call over all columns; decode_topk rows add the running top-k "
+        f"(top-k {TOPK}); bytes = unique K entries (132 B) + Q + weights + 8 B keys per row and "
+        "column; CUDA-graph replay, median per call, input sets rotated past 2x L2")
+    g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
+    for B, NN, ctx, H in (QUICK if args.quick else SHAPES):
+        shape = f"{B} req x {NN} rows, ctx {ctx}, {H} heads"
+        rows = B * NN
+        nbytes = B * ctx * (D + 4) + rows * H * (D + 4) + rows * ctx * 8
+        flops = 2.0 * rows * ctx * H * D
+        per_set = B * -(-ctx // BS) * BS * (D + 4) + rows * ctx * 8
+        sets = [make_set(B, NN, ctx, H, g) for _ in range(common.rotation_count(per_set, max_sets=8))]
+        # equality on the first set: the two scorers' keys (fp32 sums in different orders may
+        # differ in the last bit) and the selected indices
+        s0 = sets[0]
+        scorer_call(OI.indexer_paged_keys, s0)()
+        k_cuda = s0["out"].clone()
+        scorer_call(mqa_logits_tile, s0)()
+        k_tri = s0["out"].clone()
+        sc_c, sc_t = I.key_scores(k_cuda), I.key_scores(k_tri)
+        rel = ((sc_c - sc_t).abs() / sc_t.abs().clamp(min=1e-6)).max().item()
+        same_keys = torch.equal(k_cuda, k_tri)
+        report.check(f"{shape}: CUDA scores within 1e-4 of Triton's", rel < 1e-4, f"max rel {rel:.2e}")
+        topk_call(s0, B, NN, H, "cuda")()
+        i_c = s0["idx"].clone()
+        topk_call(s0, B, NN, H, "triton")()
+        i_t = s0["idx"].clone()
+        overlap = min(len(set(a.tolist()) & set(b.tolist())) / TOPK for a, b in zip(i_c.cpu(), i_t.cpu()))
+        report.check(f"{shape}: top-{TOPK} sets overlap >= 99% per row", overlap >= 0.99,
+                     f"min overlap {overlap:.4f}, keys bit-equal: {same_keys}")
+        variants = [("triton", lambda s: scorer_call(mqa_logits_tile, s)),
+                    ("cuda", lambda s: scorer_call(OI.indexer_paged_keys, s))]
+        if args.sm_count:
+            variants.append((f"cuda, grid for {args.sm_count} SMs",
+                             lambda s: scorer_call(OI.indexer_paged_keys, s, sm_count=args.sm_count)))
+        base = None
+        for name, mk in variants:
+            t = common.graph_time([mk(s) for s in sets], min_calls=common.CALLS_PER_REPLAY)
+            base = t.median_us if name == "triton" else base
+            gb = common.gbps(nbytes, t.median_us)
+            report.add(what="scorer", shape=shape, impl=name, median_us=t.median_us, gbps=gb,
+                       pct_copy=100.0 * gb / copy_gbps, tflops=flops / t.median_us / 1e6,
+                       speedup_vs_triton=base / t.median_us if base else None,
+                       equal_to_triton=same_keys if name != "triton" else None)
+            print(report.rows[-1], flush=True)
+        base = None
+        for scorer in ("triton", "cuda"):
+            t = common.graph_time([topk_call(s, B, NN, H, scorer) for s in sets],
+                                  min_calls=common.CALLS_PER_REPLAY)
+            base = t.median_us if scorer == "triton" else base
+            report.add(what="decode_topk", shape=shape, impl=scorer, median_us=t.median_us,
+                       speedup_vs_triton=base / t.median_us)
+            print(report.rows[-1], flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    path = report.write_json()
+    print(f"results: {path}")
+    if not args.no_doc:
+        print(f"markdown: {report.write_markdown()}")
+    report.print_table()
+    return 1 if any(not c["ok"] for c in report.checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+// Torch-facing op of the lightning indexer's paged decode scorer (argument checks + launch):
+//   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu)
+#include "api/api_utils.h"
+#include "index/index_kernels.h"
+
+namespace deepinfer_sm80 {
+namespace {
+
+void check_i32_vec(const at::Tensor& t, const char* name, const at::Device& dev, int64_t n) {
+  api::check_cuda(t, name, dev);
+  api::check_dtype(t, name, at::kInt);
+  TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.size(0) >= n, name,
+              " must be a contiguous 1-D int32 tensor with >= ", n, " entries");
+}
+
+void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
+                        const at::Tensor& pages, const at::Tensor& block_table,
+                        const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
+                        int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
+                        int64_t sm_count) {
+  const at::Device dev = q.device();
+  api::check_cuda(q, "q", dev);
+  api::check_dtype(q, "q", at::kByte);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 128 && q.is_contiguous(),
+              "q must be contiguous uint8 [rows, heads, 128], got ", q.sizes());
+  const int64_t rows = q.size(0), heads = q.size(1);
+  TORCH_CHECK(heads == 16 || heads == 32 || heads == 64 || heads == 128,
+              "heads must be 16, 32, 64 or 128, got ", heads);
+  TORCH_CHECK(rows <= INT32_MAX, "too many rows: ", rows);
+  TORCH_CHECK(api::aligned16(q.data_ptr()), "q must be 16-byte aligned");
+  api::check_cuda(w, "weights", dev);
+  api::check_dtype(w, "weights", at::kFloat);
+  TORCH_CHECK(w.dim() == 2 && w.size(0) >= rows && w.size(1) == heads && w.is_contiguous(),
+              "weights must be contiguous fp32 [>= rows, heads]");
+  api::check_cuda(pages, "kv_cache", dev);
+  api::check_dtype(pages, "kv_cache", at::kByte);
+  TORCH_CHECK(block_size > 0 && block_size <= (1 << 20), "block_size must be in [1, 2^20]");
+  TORCH_CHECK(pages.dim() == 2 && pages.stride(1) == 1 && pages.size(1) >= block_size * 132,
+              "kv_cache must be uint8 [num_pages, >= block_size * 132] with contiguous rows");
+  TORCH_CHECK(pages.stride(0) % 16 == 0 && api::aligned16(pages.data_ptr()),
+              "kv_cache pages must start at 16-byte aligned addresses");
+  api::check_cuda(block_table, "block_table", dev);
+  api::check_dtype(block_table, "block_table", at::kInt);
+  TORCH_CHECK(block_table.dim() == 2, "block_table must be 2-D, got ", block_table.sizes());
+  check_i32_vec(row_req, "row_req", dev, rows);
+  check_i32_vec(lo, "lo", dev, rows);
+  check_i32_vec(hi, "hi", dev, rows);
+  TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX,
+              "columns [col0, col0 + n_cols) must lie in [0, 2^31)");
+  api::check_cuda(out, "out", dev);
+  api::check_dtype(out, "out", at::kLong);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) >= rows && out.size(1) >= n_cols && out.stride(1) == 1,
+              "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
+  TORCH_CHECK(chunk <= 0 || (chunk % 32 == 0 && chunk <= kIndexerKeysMaxChunk),
+              "chunk must be <= 0 (automatic) or a multiple of 32 up to ", kIndexerKeysMaxChunk);
+  if (rows == 0 || n_cols == 0) return;
+  c10::cuda::CUDAGuard guard(dev);
+  const DeviceLimits lim = api::limits(dev.index(), sm_count);
+  IndexerKeysParams p;
+  p.out = out.data_ptr<int64_t>();
+  p.out_stride0 = out.stride(0);
+  p.q = q.data_ptr<uint8_t>();
+  p.w = w.data_ptr<float>();
+  p.pages = pages.data_ptr<uint8_t>();
+  p.page_stride = pages.stride(0);
+  p.num_pages = pages.size(0);
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.bt_stride0 = block_table.stride(0);
+  p.bt_stride1 = block_table.stride(1);
+  p.num_reqs = static_cast<int>(block_table.size(0));
+  p.max_blocks = static_cast<int>(block_table.size(1));
+  p.row_req = row_req.data_ptr<int32_t>();
+  p.lo = lo.data_ptr<int32_t>();
+  p.hi = hi.data_ptr<int32_t>();
+  p.rows = static_cast<int>(rows);
+  p.heads = static_cast<int>(heads);
+  p.col0 = static_cast<int>(col0);
+  p.n_cols = static_cast<int>(n_cols);
+  p.block_size = static_cast<int>(block_size);
+  p.chunk = chunk > 0 ? static_cast<int>(chunk) : indexer_keys_chunk(p.rows, p.n_cols, lim);
+  TORCH_CHECK((p.n_cols + p.chunk - 1) / p.chunk <= 65535, "n_cols=", n_cols,
+              " needs more than 65535 column chunks; split the call");
+  launch_indexer_keys(p, lim, api::stream());
+  api::check_launch();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
+  m.def(
+      "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
+      "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
+      "int block_size, int chunk=0, int sm_count=0) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) { m.impl("indexer_paged_keys", &indexer_paged_keys); }
+
+}  // namespace deepinfer_sm80

@@ -1,0 +1,106 @@
+"""SM80 CUDA scorer of the lightning indexer's paged decode step (needs the built extension).
+
+:func:`indexer_paged_keys` is the CUDA form of the Triton scorer's paged key mode
+(``deepinfer_sm80.ampere.indexer_triton.mqa_logits_tile`` with ``pages=`` and an int64
+``out``): for every row and the call's columns ``col0 + i`` (``0 <= i < n_cols``) it writes
+
+    out[row, i] = order_keys(k_scale[c] * sum_h relu(q[row, h] . k[c]) * w[row, h], c - lo[row])
+
+(``deepinfer_sm80.ampere.indexer.order_keys``: score descending, then column ascending),
+INT64_MIN outside ``[lo[row], hi[row])``. Q and K are e4m3 codes decoded exactly; the dot
+products accumulate in fp32 on the tensor cores (csrc/index/indexer_keys.cu). Heads must be
+16, 32, 64 or 128 (:func:`supports`).
+
+Imports nothing but torch (and the extension when called).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_sm80.ops import _checks as C
+
+HEADS = (16, 32, 64, 128)
+HEAD_DIM = 128
+MAX_CHUNK = 512
+
+
+def _ops():
+    from deepinfer_sm80 import _ext  # loads _C, or raises ImportError saying how to build it
+
+    return _ext.ops()
+
+
+def available() -> bool:
+    """True when the extension loads and has this op."""
+    try:
+        return hasattr(_ops(), "indexer_paged_keys")
+    except (ImportError, OSError, RuntimeError):
+        return False
+
+
+def supports(heads: int, head_dim: int) -> bool:
+    return heads in HEADS and head_dim == HEAD_DIM
+
+
+def flat_pages(kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The indexer cache as uint8 [num_pages, page_bytes] (a view, never a copy)."""
+    C.cuda_tensor(kv_cache, "kv_cache")
+    if kv_cache.element_size() != 1:
+        raise TypeError(f"kv_cache must hold bytes (uint8 / float8), got {kv_cache.dtype}")
+    pages = kv_cache.view(torch.uint8) if kv_cache.dtype != torch.uint8 else kv_cache
+    if pages.dim() < 2 or not pages[0].is_contiguous():
+        raise ValueError(f"kv_cache must be [num_pages, ...] with contiguous pages, got shape "
+                         f"{tuple(pages.shape)} strides {pages.stride()}")
+    inner = pages[0].numel()
+    if inner < block_size * (HEAD_DIM + 4):
+        raise ValueError(f"kv_cache pages hold {inner} bytes, need block_size * 132 = "
+                         f"{block_size * (HEAD_DIM + 4)}")
+    return pages.as_strided((pages.shape[0], inner), (pages.stride(0), 1))
+
+
+def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
+                       lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
+                       pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
+                       block_size: int, chunk: int = 0, sm_count: int | None = None
+                       ) -> torch.Tensor:
+    """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
+    (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
+    ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
+    block_size fp32 scales per page), ``block_table`` int32 [reqs, max_blocks] (any strides),
+    ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 32
+    up to 512; 0 sizes it from the SM count)."""
+    C.cuda_tensor(q_u8, "q")
+    dev = q_u8.device
+    C.dtype(q_u8, "q", torch.uint8)
+    C.dim(q_u8, "q", 3, "[rows, heads, 128]")
+    rows, heads, d = q_u8.shape
+    if not supports(heads, d):
+        raise ValueError(f"q is [rows, {heads}, {d}]: the CUDA scorer takes heads in {HEADS} "
+                         f"and head_dim {HEAD_DIM} (use the Triton scorer otherwise)")
+    if not q_u8.is_contiguous():
+        raise ValueError("q must be contiguous (pass .contiguous())")
+    C.cuda_tensor(w, "weights", dev)
+    C.dtype(w, "weights", torch.float32)
+    C.cuda_tensor(out, "out", dev)
+    C.dtype(out, "out", torch.int64)
+    if block_size <= 0:
+        raise ValueError(f"block_size must be > 0, got {block_size}")
+    flat = flat_pages(pages, block_size)
+    if flat.device != dev:
+        raise ValueError(f"kv_cache is on {flat.device} but q is on {dev}")
+    C.cuda_tensor(block_table, "block_table", dev)
+    C.dtype(block_table, "block_table", torch.int32)
+    C.dim(block_table, "block_table", 2, "[num_reqs, max_blocks]")
+    for t, name in ((row_req, "row_req"), (lo, "lo"), (hi, "hi")):
+        C.vector(t, name, dev, torch.int32, rows)
+    if col0 < 0 or n_cols < 0:
+        raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
+    if chunk and (chunk % 32 or not 0 < chunk <= MAX_CHUNK):
+        raise ValueError(f"chunk must be 0 or a multiple of 32 up to {MAX_CHUNK}, got {chunk}")
+    _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
+                              int(n_cols), int(block_size), int(chunk), int(sm_count or 0))
+    return out
+
+
+__all__ = ["indexer_paged_keys", "available", "supports", "flat_pages"]

@@ -1,0 +1,272 @@
+"""The CUDA paged decode scorer of the lightning indexer (``deepinfer_sm80.ops.indexer``,
+csrc/index/indexer_keys.cu) on a GPU:
+
+* exact (dyadic) inputs: keys bit-equal to the float64 oracle's and to the Triton scorer's,
+  over head counts, request layouts, visible ranges, column offsets, chunk sizes, strided
+  block tables and invalid pages;
+* every e4m3 code pair (256 x 256) through the MMA, each at every dot-product position;
+* NaN codes: the same keys as the Triton scorer (a poisoned head or column counts 0);
+* random full-range codes: within fp32 accumulation error of float64;
+* ``decode_topk`` with the CUDA scorer equal to the Triton scorer's indices, eager and under
+  CUDA-graph replay on fresh queries.
+Outputs are poisoned before every call."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+from deepinfer_sm80.ops import indexer as OI  # noqa: E402
+
+import indexer_cases as IC  # noqa: E402
+
+from deepinfer_sm80.ampere.indexer_triton import mqa_logits_tile  # noqa: E402
+
+DEV = "cuda"
+D = 128
+POISON = 0x5A5A5A5A5A5A5A5A
+
+
+@pytest.fixture(autouse=True)
+def _built(ext):
+    """A missing build is an error here, not a skip (conftest's ``ext``)."""
+    return ext
+
+
+def _case(g, *, B, NN, H, bs, ctxs, nb_extra=3, bt_stride=1, bad_pages=False):
+    """Dyadic paged case: pages, block table (optionally a strided view), float64 values."""
+    maxb = max(1, -(-max(ctxs) // bs))
+    nb = B * maxb + nb_extra
+    codes, kvals = IC.dyadic_fp8((nb, bs, D), g)
+    sc = IC.k_scales(nb * bs, g).view(nb, bs)
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
+    if bad_pages:  # columns past each context: page ids that must never be read
+        for b in range(B):
+            used = -(-ctxs[b] // bs)
+            bt[b, used:] = torch.tensor([-1, nb, 1 << 30])[torch.arange(maxb - used) % 3].int()
+    big = torch.full((B, maxb * bt_stride), -9, dtype=torch.int32)
+    big[:, ::bt_stride] = bt
+    bt_dev = big.to(DEV)[:, ::bt_stride]
+    qc, qv = IC.dyadic_fp8((B * NN, H, D), g)
+    w = IC.dyadic_weights((B * NN, H), g)
+    return dict(pages=pages.to(DEV), bt=bt, bt_dev=bt_dev, kvals=kvals, sc=sc.double(), qc=qc,
+                qv=qv, w=w, B=B, NN=NN, H=H, bs=bs, maxb=maxb)
+
+
+def _oracle_keys(c, row_req, lo, hi, col0, n_cols):
+    rows = c["qc"].shape[0]
+    out = torch.full((rows, n_cols), I.INT64_MIN, dtype=torch.int64)
+    for r in range(rows):
+        b = int(row_req[r])
+        cols = torch.arange(col0, col0 + n_cols)
+        valid = (cols >= lo[r]) & (cols < hi[r])
+        if not valid.any():
+            continue
+        vc = cols[valid]
+        pg = c["bt"][b, vc // c["bs"]].long()
+        sl = vc % c["bs"]
+        k = c["kvals"][pg, sl]  # [n, D]
+        ks = c["sc"][pg, sl]
+        L = IC.logits64(c["qv"][r: r + 1], c["w"][r: r + 1], k, ks)[0]
+        assert torch.equal(L.float().double(), L)  # the inputs keep fp32 exact
+        keys = I.order_keys(L.float().unsqueeze(0), (vc - lo[r]).unsqueeze(0),
+                            torch.ones(1, len(vc), dtype=torch.bool))[0]
+        out[r, valid] = keys
+    return out
+
+
+def _run(fn, c, row_req, lo, hi, col0, n_cols, **kw):
+    rows = c["qc"].shape[0]
+    out = torch.full((rows, n_cols + 5), POISON, dtype=torch.int64, device=DEV)
+    fn(c["qc"].to(DEV), c["w"].float().to(DEV), col0=col0, n_cols=n_cols,
+       lo=lo.int().to(DEV), hi=hi.int().to(DEV), out=out, pages=c["pages"],
+       block_table=c["bt_dev"], row_req=row_req.int().to(DEV), block_size=c["bs"], **kw)
+    torch.cuda.synchronize()
+    got = out.cpu()
+    assert (got[:, n_cols:] == POISON).all(), "wrote past n_cols"
+    return got[:, :n_cols]
+
+
+@pytest.mark.parametrize("H", [16, 32, 64, 128])
+@pytest.mark.parametrize("NN", [1, 6])
+def test_exact_keys_match_oracle_and_triton(rng, H, NN):
+    bs = 64
+    ctxs = [0, 1, 200, 64, 257][: 3 if NN == 6 else 5]
+    B = len(ctxs)
+    c = _case(rng, B=B, NN=NN, H=H, bs=bs, ctxs=ctxs)
+    row_req = torch.arange(B).repeat_interleave(NN)
+    # MTP rows: row i of a request sees NN - 1 - i columns fewer than its last row
+    hi = torch.tensor([max(0, ctxs[b] - (NN - 1 - i)) for b in range(B) for i in range(NN)])
+    lo = torch.zeros_like(hi)
+    n_cols = c["maxb"] * bs
+    want = _oracle_keys(c, row_req, lo, hi, 0, n_cols)
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols)
+    assert torch.equal(got, want)
+    tri = _run(mqa_logits_tile, c, row_req, lo, hi, 0, n_cols)
+    assert torch.equal(tri, want)
+
+
+@pytest.mark.parametrize("chunk", [32, 64, 0])
+@pytest.mark.parametrize("bs", [64, 16, 8])
+def test_offsets_windows_chunks_strided_tables(rng, chunk, bs):
+    """col0 > 0, n_cols not a multiple of 32, lo > 0, rows of one request in any order,
+    a strided block table, pages past the context that are invalid ids."""
+    ctxs = [300, 129, 77]
+    c = _case(rng, B=3, NN=2, H=32, bs=bs, ctxs=ctxs, bt_stride=3, bad_pages=True)
+    row_req = torch.tensor([2, 0, 1, 2, 0, 1])
+    hi = torch.tensor([ctxs[int(b)] for b in row_req]) - torch.tensor([0, 1, 0, 3, 0, 2])
+    lo = torch.tensor([5, 0, 17, 0, 64, 1])
+    col0, n_cols = 3, min(c["maxb"] * bs - 3, 250)
+    want = _oracle_keys(c, row_req, lo, hi, col0, n_cols)
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, col0, n_cols, chunk=chunk)
+    assert torch.equal(got, want)
+
+
+def test_every_code_pair_at_every_position():
+    """Row r's head 0 holds Q code r at position r % 128 (other positions 0, weight 1; the
+    other heads weight 0); column c holds K code c at every position, scale 1. So
+    logit[r, c] = relu(e4m3(r) * e4m3(c)), exactly, 0 where either code is NaN."""
+    H, bs, n = 16, 64, 256
+    q = torch.zeros(n, H, D, dtype=torch.uint8)
+    q[torch.arange(n), 0, torch.arange(n) % D] = torch.arange(n, dtype=torch.uint8)
+    w = torch.zeros(n, H)
+    w[:, 0] = 1.0
+    nb = n // bs
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = torch.arange(n, dtype=torch.uint8).view(nb, bs, 1).expand(nb, bs, D).reshape(nb, -1)
+    pages[:, bs * D:] = torch.ones(nb, bs).view(torch.uint8).view(nb, -1)
+    bt = torch.arange(nb, dtype=torch.int32).view(1, nb)
+    vals = torch.arange(n, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    prod = (vals.view(n, 1) * vals.view(1, n))
+    L = torch.where(prod.isnan(), 0.0, prod.clamp(min=0))
+    want = I.order_keys(L.float(), torch.arange(n).unsqueeze(0), torch.ones(n, n, dtype=torch.bool))
+    out = torch.full((n, n), POISON, dtype=torch.int64, device=DEV)
+    OI.indexer_paged_keys(q.to(DEV), w.to(DEV), col0=0, n_cols=n,
+                          lo=torch.zeros(n, dtype=torch.int32, device=DEV),
+                          hi=torch.full((n,), n, dtype=torch.int32, device=DEV), out=out,
+                          pages=pages.to(DEV), block_table=bt.to(DEV),
+                          row_req=torch.zeros(n, dtype=torch.int32, device=DEV), block_size=bs)
+    assert torch.equal(out.cpu(), want)
+
+
+def test_nan_codes_match_triton(rng):
+    """NaN codes in some Q heads and some K columns (dyadic values elsewhere)."""
+    c = _case(rng, B=2, NN=3, H=64, bs=64, ctxs=[190, 128])
+    c["qc"][1, 5, 17] = 0x7F
+    c["qc"][4, 60, 100] = 0xFF
+    pages = c["pages"].cpu()
+    for page, slot, d in ((int(c["bt"][0, 1]), 3, 0), (int(c["bt"][1, 0]), 63, 127)):
+        pages[page, slot * D + d] = 0x7F
+    c["pages"] = pages.to(DEV)
+    row_req = torch.arange(2).repeat_interleave(3)
+    hi = torch.tensor([190, 189, 188, 128, 127, 126])
+    lo = torch.zeros_like(hi)
+    n_cols = c["maxb"] * 64
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols)
+    tri = _run(mqa_logits_tile, c, row_req, lo, hi, 0, n_cols)
+    assert torch.equal(got, tri)
+
+
+@pytest.mark.parametrize("H", [32, 64])
+def test_random_codes_within_fp32_error(rng, H):
+    """Full-range random codes (no NaN), random fp32 scales and weights."""
+    B, bs, ctx = 4, 64, 1000
+    maxb = -(-ctx // bs)
+    nb = B * maxb + 2
+    codes = torch.randint(0, 256, (nb, bs, D), generator=rng, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C
+    sc = torch.rand(nb, bs, generator=rng) + 0.25
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.view(torch.uint8).view(nb, -1)
+    bt = torch.randperm(nb, generator=rng)[: B * maxb].view(B, maxb).int()
+    q = torch.randint(0, 256, (B, H, D), generator=rng, dtype=torch.uint8)
+    q[(q & 0x7F) == 0x7F] = 0xB8
+    w = torch.randn(B, H, generator=rng)
+    out = torch.full((B, maxb * bs), POISON, dtype=torch.int64, device=DEV)
+    hi = torch.tensor([ctx, ctx - 1, 500, 1])
+    OI.indexer_paged_keys(q.to(DEV), w.to(DEV), col0=0, n_cols=maxb * bs,
+                          lo=torch.zeros(B, dtype=torch.int32, device=DEV),
+                          hi=hi.int().to(DEV), out=out, pages=pages.to(DEV), block_table=bt.to(DEV),
+                          row_req=torch.arange(B, dtype=torch.int32, device=DEV), block_size=bs)
+    got = I.key_scores(out.cpu()).double()
+    qv = q.view(torch.float8_e4m3fn).double()
+    kv = codes.view(torch.float8_e4m3fn).double()
+    for r in range(B):
+        n = int(hi[r])
+        cols = torch.arange(n)
+        pg = bt[r, cols // bs].long()
+        k = kv[pg, cols % bs]
+        s = torch.einsum("hd,nd->hn", qv[r], k)
+        ref = (s.clamp(min=0) * w[r].double().unsqueeze(1)).sum(0) * sc[pg, cols % bs].double()
+        bound = (torch.einsum("hd,nd->hn", qv[r].abs(), k.abs()) * w[r].double().abs().unsqueeze(1)).sum(0) \
+            * sc[pg, cols % bs].double()
+        err = (got[r, :n] - ref).abs()
+        assert (err <= 1.5e-5 * bound + 1e-30).all(), float((err / bound.clamp(min=1e-30)).max())
+        assert (out.cpu()[r, n:] == I.INT64_MIN).all()
+
+
+def test_decode_topk_cuda_equals_triton_and_replays_in_a_graph(rng):
+    """``decode_topk`` with the CUDA scorer selects exactly what the Triton scorer selects
+    (exact inputs), eagerly and replayed from a captured CUDA graph on fresh queries."""
+    B, NN, H, bs, K = 4, 3, 64, 64, 40
+    ctxs = [500, 63, 130, 1]
+    c = _case(rng, B=B, NN=NN, H=H, bs=bs, ctxs=ctxs)
+    ctx = torch.tensor(ctxs).view(B, 1) - torch.arange(NN).flip(0).view(1, NN)
+    ctx = ctx.clamp(min=0).to(DEV)
+    q = c["qc"].view(B, NN, H, D).to(DEV)
+    w = c["w"].float().to(DEV)
+    outs = {}
+    for scorer in ("cuda", "triton"):
+        o = torch.full((B * NN, K), -7, dtype=torch.int32, device=DEV)
+        I.decode_topk(q, w, c["pages"], ctx, c["bt_dev"], bs, K, o, scorer=scorer)
+        outs[scorer] = o.cpu()
+    assert torch.equal(outs["cuda"], outs["triton"])
+    assert (outs["cuda"] >= 0).any()
+
+    o = torch.full((B * NN, K), -7, dtype=torch.int32, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            I.decode_topk(q, w, c["pages"], ctx, c["bt_dev"], bs, K, o, scorer="cuda")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        I.decode_topk(q, w, c["pages"], ctx, c["bt_dev"], bs, K, o, scorer="cuda")
+    for _ in range(2):
+        qc, _ = IC.dyadic_fp8((B * NN, H, D), rng)
+        q.copy_(qc.view(B, NN, H, D).to(DEV))
+        w.copy_(IC.dyadic_weights((B * NN, H), rng).float().to(DEV))
+        o.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        e = torch.full_like(o, -7)
+        I.decode_topk(q, w, c["pages"], ctx, c["bt_dev"], bs, K, e, scorer="triton")
+        assert torch.equal(o.cpu(), e.cpu())
+
+
+def test_bad_arguments_raise():
+    q = torch.zeros(2, 8, D, dtype=torch.uint8, device=DEV)
+    args = dict(col0=0, n_cols=64, lo=torch.zeros(2, dtype=torch.int32, device=DEV),
+                hi=torch.zeros(2, dtype=torch.int32, device=DEV),
+                out=torch.empty(2, 64, dtype=torch.int64, device=DEV),
+                pages=torch.zeros(2, 64 * 132, dtype=torch.uint8, device=DEV),
+                block_table=torch.zeros(1, 2, dtype=torch.int32, device=DEV),
+                row_req=torch.zeros(2, dtype=torch.int32, device=DEV), block_size=64)
+    with pytest.raises(ValueError, match="heads"):
+        OI.indexer_paged_keys(q, torch.zeros(2, 8, device=DEV), **args)
+    q = torch.zeros(2, 16, D, dtype=torch.uint8, device=DEV)
+    with pytest.raises(ValueError, match="pages hold"):
+        OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV), **dict(args, block_size=128))
+    with pytest.raises(ValueError, match="chunk"):
+        OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV), chunk=48, **args)
+    with pytest.raises(TypeError, match="out"):
+        OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV),
+                              **dict(args, out=torch.empty(2, 64, dtype=torch.int32, device=DEV)))
