@@ -109,9 +109,11 @@ def main(argv=None) -> int:
         scorer_call(mqa_logits_tile, s0)()
         k_tri = s0["out"].clone()
         sc_c, sc_t = I.key_scores(k_cuda), I.key_scores(k_tri)
-        rel = ((sc_c - sc_t).abs() / sc_t.abs().clamp(min=1e-6)).max().item()
+        # fp32 sums in two orders: the difference, relative to the row's largest |score|
+        rel = ((sc_c - sc_t).abs().amax(1) / sc_t.abs().amax(1).clamp(min=1e-30)).max().item()
         same_keys = torch.equal(k_cuda, k_tri)
-        report.check(f"{shape}: CUDA scores within 1e-4 of Triton's", rel < 1e-4, f"max rel {rel:.2e}")
+        report.check(f"{shape}: CUDA scores within 1e-5 of Triton's (relative to the row's "
+                     "largest)", rel < 1e-5, f"max {rel:.2e}")
         topk_call(s0, B, NN, H, "cuda")()
         i_c = s0["idx"].clone()
         topk_call(s0, B, NN, H, "triton")()

@@ -24,8 +24,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 128 && q.is_contiguous(),
               "q must be contiguous uint8 [rows, heads, 128], got ", q.sizes());
   const int64_t rows = q.size(0), heads = q.size(1);
-  TORCH_CHECK(heads == 16 || heads == 32 || heads == 64 || heads == 128,
-              "heads must be 16, 32, 64 or 128, got ", heads);
+  TORCH_CHECK(heads == 16 || heads == 32 || heads == 64, "heads must be 16, 32 or 64, got ", heads);
   TORCH_CHECK(rows <= INT32_MAX, "too many rows: ", rows);
   TORCH_CHECK(api::aligned16(q.data_ptr()), "q must be 16-byte aligned");
   api::check_cuda(w, "weights", dev);
@@ -51,8 +50,8 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   api::check_dtype(out, "out", at::kLong);
   TORCH_CHECK(out.dim() == 2 && out.size(0) >= rows && out.size(1) >= n_cols && out.stride(1) == 1,
               "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
-  TORCH_CHECK(chunk <= 0 || (chunk % 32 == 0 && chunk <= kIndexerKeysMaxChunk),
-              "chunk must be <= 0 (automatic) or a multiple of 32 up to ", kIndexerKeysMaxChunk);
+  TORCH_CHECK(chunk <= 0 || chunk % kIndexerKeysChunkStep == 0,
+              "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
   if (rows == 0 || n_cols == 0) return;
   c10::cuda::CUDAGuard guard(dev);
   const DeviceLimits lim = api::limits(dev.index(), sm_count);

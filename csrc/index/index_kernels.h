@@ -85,15 +85,15 @@ struct IndexerKeysParams {
   const int32_t* lo;              // [rows] first visible global column
   const int32_t* hi;              // [rows] end of the visible columns
   int rows;
-  int heads;                      // 16, 32, 64 or 128
+  int heads;                      // 16, 32 or 64
   int col0;
   int n_cols;
   int block_size;                 // columns per page
   FastDivU31 bs_div;              // set by the launcher
-  int chunk;                      // columns per block (multiple of 32); <= 0: the launcher's
+  int chunk;                      // columns per block (multiple of 64); <= 0: the launcher's
 };
 
-constexpr int kIndexerKeysMaxChunk = 512;
+constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
 int indexer_keys_smem_bytes(int heads, int chunk);
 int indexer_keys_chunk(int rows, int n_cols, const DeviceLimits& lim);
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);

@@ -18,16 +18,17 @@
 // K column with one is NaN for every head, a Q head with one is NaN for every column; relu is
 // fmaxf (NaN -> 0, as Triton's maximum).
 //
-// Layout. One block per (row, chunk of columns); warp w owns heads [16w, 16w + 16) (M side of
-// the MMA), the columns are the N side, 8 per MMA. The dot product's 128 positions are
-// permuted the same way for Q and K so that lane (g, t) of a warp holds bytes
-// [32t, 32t + 32) of its head / column row: step s of the 8 MMA steps takes bytes
-// 32t + 4s .. 32t + 4s + 3 (logical k 2t, 2t+1, 2t+8, 2t+9). The block streams its columns'
-// code rows (128 bytes each) through a 4-stage cp.async ring of 32 columns (rows XOR-swizzled
-// in 16-byte units by column, so that the 2 x 16-byte reads of a quarter-warp hit distinct
-// banks); every warp reads the stage from shared memory. Each warp reduces its 16 heads per
-// column with shuffles into a shared per-warp array; the block then sums the warps in order,
-// applies the column scale and writes the keys. Deterministic: the reduction order is fixed.
+// Layout. Heads on the N side of the MMA (8 per tile), columns on the M side (16 per tile):
+// one warp holds the B fragments of every head of its row (heads / 8 tiles x 8 steps x 2
+// registers, decoded once) and streams 16-column tiles of the row's K through its own 4-stage
+// cp.async ring in shared memory (2 KB of codes + 64 B of scales per tile), so each K byte is
+// decoded once and every column's head sum stays in the warp: in-thread over the head tiles,
+// then two shuffles over the quad. The dot product's 128 positions are permuted the same way
+// for Q and K so that lane (g, t) holds bytes [32t, 32t + 32) of its head / column row: step s
+// of the 8 MMA steps takes bytes 32t + 4s .. 32t + 4s + 3 (logical k 2t, 2t+1, 2t+8, 2t+9).
+// Tile rows are swizzled in 16-byte units by the column's parity, so that the 16-byte reads of
+// a quarter-warp hit distinct banks. A block is 4 such warps on one row, taking the column
+// tiles of its chunk in turn. Deterministic: every reduction has a fixed order.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -40,15 +41,19 @@ namespace deepinfer_sm80 {
 namespace {
 
 using attention::ptx::cp_async_16;
+using attention::ptx::cp_async_4;
 using attention::ptx::cp_async_commit;
 using attention::ptx::cp_async_wait;
 using attention::ptx::smem_u32;
 
-constexpr int kD = 128;                          // index head dim (bytes per code row)
-constexpr int kStageCols = 32;                   // columns per pipeline stage
-constexpr int kStages = 4;                       // cp.async ring depth
-constexpr int kStageBytes = kStageCols * kD;     // 4 KB
-constexpr int kRingBytes = kStages * kStageBytes;
+constexpr int kD = 128;                                  // index head dim (bytes per row)
+constexpr int kWarps = 4;                                // warps per block
+constexpr int kTileCols = 16;                            // columns per MMA tile (M side)
+constexpr int kStages = 4;                               // cp.async ring depth per warp
+constexpr int kTileCodeBytes = kTileCols * kD;           // 2 KB
+constexpr int kTileBytes = kTileCodeBytes + kTileCols * 4;  // + the columns' fp32 scales
+constexpr int kWarpRing = kStages * kTileBytes;
+constexpr int kWeightBytes = 64 * 4;                     // weights of up to 64 heads
 constexpr int64_t kKeyMin = INT64_MIN;
 
 __device__ __forceinline__ uint32_t prmt_sext(uint32_t a, uint32_t selector) {
@@ -68,7 +73,7 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_f16x2(uint32_t w) {
   return (prmt_sext(w, 0xB3A2u) << 7) & 0xBF80BF80u;
 }
 
-// Nonzero if any byte of the words folded in is a NaN code (low 7 bits all set).
+// Nonzero (in a bit 7) if any byte of the words folded in is a NaN code (low 7 bits all set).
 __device__ __forceinline__ uint32_t nan_fold(uint32_t acc, uint32_t w) {
   return acc | ((w & 0x7F7F7F7Fu) + 0x01010101u);
 }
@@ -87,6 +92,11 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
+}
+
+__device__ __forceinline__ void words8(uint4 a, uint4 b, uint32_t (&w)[8]) {
+  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+  w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
 
 // The page holding global column `col` of request `req` (nullptr: outside the block table,
@@ -110,19 +120,19 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
   return ordered * (int64_t{1} << 32) + (int64_t{0xFFFFFFFF} - local);
 }
 
-template <int W>
-__global__ void __launch_bounds__(W * 32)
+// NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64).
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32)
 indexer_keys_kernel(const IndexerKeysParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* ring = smem;
-  float* scales = reinterpret_cast<float*>(smem + kRingBytes);  // [chunk]
-  float* red = scales + p.chunk;                                // [W][chunk]
+  float* sw = reinterpret_cast<float*>(smem);  // the row's weights x 2^16
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
+  uint8_t* ring = smem + kWeightBytes + warp * kWarpRing;
   const int row = blockIdx.x;
   const int c_begin = blockIdx.y * p.chunk;  // first column of the chunk, local to the call
   const int ncols = min(p.chunk, p.n_cols - c_begin);
@@ -137,20 +147,25 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   const int v0 = static_cast<int>(lo_rel > 0 ? lo_rel : 0);
   const int v1 = static_cast<int>(hi_rel < ncols ? hi_rel : ncols);
   if (req < 0 || req >= p.num_reqs || v0 >= v1) {
-    for (int i = tid; i < ncols; i += W * 32) out[i] = kKeyMin;
+    for (int i = tid; i < ncols; i += kWarps * 32) out[i] = kKeyMin;
     return;
   }
-  const int s_first = v0 / kStageCols;
-  const int s_end = (v1 + kStageCols - 1) / kStageCols;
+  const int tile_first = v0 / kTileCols;
+  const int tile_end = (v1 + kTileCols - 1) / kTileCols;
+  for (int i = tid; i < ncols; i += kWarps * 32) {  // columns of no tile
+    if (i < tile_first * kTileCols || i >= tile_end * kTileCols) out[i] = kKeyMin;
+  }
 
-  // Stage s (chunk columns [32s, 32s + 32)) into ring slot `slot`: 256 16-byte pieces.
-  auto load_stage = [&](int s, int slot) {
-    uint8_t* dst_stage = ring + slot * kStageBytes;
-#pragma unroll 1
-    for (int i = tid; i < kStageCols * (kD / 16); i += W * 32) {
-      const int c = i >> 3;
-      const int part = i & 7;
-      const int lc = s * kStageCols + c;
+  // Tile j (chunk columns [16j, 16j + 16)) into ring slot `slot`: 128 16-byte pieces of codes
+  // (4 per lane) and 16 4-byte scales (lanes 0-15); invisible columns are zero-filled.
+  auto load_tile = [&](int j, int slot) {
+    uint8_t* dst = ring + slot * kTileBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int piece = lane + 32 * k;
+      const int c = piece >> 3;
+      const int part = piece & 7;
+      const int lc = j * kTileCols + c;
       const void* src = p.pages;
       int bytes = 0;
       if (lc >= v0 && lc < v1) {
@@ -161,149 +176,151 @@ indexer_keys_kernel(const IndexerKeysParams p) {
           bytes = 16;
         }
       }
-      cp_async_16(smem_u32(dst_stage + c * kD + ((part ^ (c & 7)) << 4)), src, bytes);
+      cp_async_16(smem_u32(dst + c * kD + ((part ^ (c & 1)) << 4)), src, bytes);
+    }
+    if (lane < kTileCols) {
+      const int lc = j * kTileCols + lane;
+      const void* src = p.pages;
+      int bytes = 0;
+      if (lc >= v0 && lc < v1) {
+        int slot_in_page;
+        const uint8_t* page = column_page(p, req, static_cast<int>(base + lc), slot_in_page);
+        if (page != nullptr) {
+          src = page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot_in_page);
+          bytes = 4;
+        }
+      }
+      cp_async_4(smem_u32(dst + kTileCodeBytes + 4 * lane), src, bytes);
     }
   };
 
+  // this warp's tiles: tile_first + warp, + 4, ...
+  const int j0 = tile_first + warp;
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    if (s_first + k < s_end) load_stage(s_first + k, (s_first + k) % kStages);
+    if (j0 + k * kWarps < tile_end) load_tile(j0 + k * kWarps, k);
     cp_async_commit();
   }
 
-  // column scales of the visible columns (0 elsewhere; never read there)
-  for (int i = v0 + tid; i < v1; i += W * 32) {
-    int slot_in_page;
-    const uint8_t* page = column_page(p, req, static_cast<int>(base + i), slot_in_page);
-    scales[i] = page != nullptr
-                    ? __ldg(reinterpret_cast<const float*>(page + static_cast<int64_t>(p.block_size) * kD) +
-                            slot_in_page)
-                    : 0.0f;
+  for (int h = tid; h < 8 * NT; h += kWarps * 32) {
+    sw[h] = p.w[static_cast<int64_t>(row) * p.heads + h] * 65536.0f;
   }
 
-  // Q fragments of heads h0 = 16w + g and h1 = h0 + 8, bytes [32t, 32t + 32) of each
-  uint32_t qa[8][4];
-  float w0, w1;
-  {
-    const int h0 = warp * 16 + g;
-    const uint8_t* q0 = p.q + (static_cast<int64_t>(row) * p.heads + h0) * kD + 32 * t;
-    const uint8_t* q1 = q0 + 8 * kD;
-    uint32_t a[8], b[8];
-    const uint4 a0 = __ldg(reinterpret_cast<const uint4*>(q0));
-    const uint4 a1 = __ldg(reinterpret_cast<const uint4*>(q0 + 16));
-    const uint4 b0 = __ldg(reinterpret_cast<const uint4*>(q1));
-    const uint4 b1 = __ldg(reinterpret_cast<const uint4*>(q1 + 16));
-    a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
-    a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
-    b[0] = b0.x; b[1] = b0.y; b[2] = b0.z; b[3] = b0.w;
-    b[4] = b1.x; b[5] = b1.y; b[6] = b1.z; b[7] = b1.w;
-    uint32_t na = 0, nb = 0;
+  // B fragments of every head: head 8n + g, bytes [32t, 32t + 32). A NaN code in a head's row
+  // makes its dot products NaN: one NaN operand in the lane's first step does that.
+  uint32_t qb[NT][8][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const uint8_t* qp = p.q + (static_cast<int64_t>(row) * p.heads + 8 * n + g) * kD + 32 * t;
+    uint32_t w[8];
+    words8(__ldg(reinterpret_cast<const uint4*>(qp)), __ldg(reinterpret_cast<const uint4*>(qp + 16)), w);
+    uint32_t nf = 0;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      na = nan_fold(na, a[s]);
-      nb = nan_fold(nb, b[s]);
+      nf = nan_fold(nf, w[s]);
+      qb[n][s][0] = e4m3x2_lo_f16x2(w[s]);
+      qb[n][s][1] = e4m3x2_hi_f16x2(w[s]);
     }
-    // a NaN code anywhere in a head's row makes its dot products NaN (the whole row of the
-    // head is spread over the 4 lanes of the quad)
-    na |= __shfl_xor_sync(0xFFFFFFFFu, na, 1);
-    na |= __shfl_xor_sync(0xFFFFFFFFu, na, 2);
-    nb |= __shfl_xor_sync(0xFFFFFFFFu, nb, 1);
-    nb |= __shfl_xor_sync(0xFFFFFFFFu, nb, 2);
-    const bool a_nan = nan_any(na), b_nan = nan_any(nb);
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      qa[s][0] = a_nan ? kF16x2NaN : e4m3x2_lo_f16x2(a[s]);
-      qa[s][1] = b_nan ? kF16x2NaN : e4m3x2_lo_f16x2(b[s]);
-      qa[s][2] = a_nan ? kF16x2NaN : e4m3x2_hi_f16x2(a[s]);
-      qa[s][3] = b_nan ? kF16x2NaN : e4m3x2_hi_f16x2(b[s]);
-    }
-    w0 = __ldg(p.w + static_cast<int64_t>(row) * p.heads + h0);
-    w1 = __ldg(p.w + static_cast<int64_t>(row) * p.heads + h0 + 8);
+    if (nan_any(nf)) qb[n][0][0] = kF16x2NaN;
   }
+  __syncthreads();  // the weights
 
-  float* red_w = red + warp * p.chunk;
+  int it = 0;
 #pragma unroll 1
-  for (int s = s_first; s < s_end; ++s) {
+  for (int j = j0; j < tile_end; j += kWarps, ++it) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();
-    // refill the slot read in the previous iteration (every warp is past it: the barrier)
-    if (s + kStages - 1 < s_end) load_stage(s + kStages - 1, (s + kStages - 1) % kStages);
+    __syncwarp();
+    // refill the slot this warp read in the previous iteration (every lane is past it)
+    const int jn = j + (kStages - 1) * kWarps;
+    if (jn < tile_end) load_tile(jn, (it + kStages - 1) % kStages);
     cp_async_commit();
 
-    const uint8_t* stage = ring + (s % kStages) * kStageBytes;
+    const uint8_t* tile = ring + (it % kStages) * kTileBytes;
+    // A fragments: column g (rows 0-7 of the tile) and column g + 8, bytes [32t, 32t + 32)
+    uint32_t kg[8], kh[8];
+    {
+      const uint8_t* rg = tile + g * kD;
+      const uint8_t* rh = tile + (g + 8) * kD;
+      const int sw0 = ((2 * t) ^ (g & 1)) << 4, sw1 = ((2 * t + 1) ^ (g & 1)) << 4;
+      words8(lds128(rg + sw0), lds128(rg + sw1), kg);
+      words8(lds128(rh + sw0), lds128(rh + sw1), kh);
+    }
+    uint32_t ng = 0, nh = 0;
 #pragma unroll
-    for (int nt = 0; nt < kStageCols / 8; ++nt) {
-      const int c = nt * 8 + g;  // this lane's B column in the stage
-      const uint8_t* crow = stage + c * kD;
-      const uint4 k0 = lds128(crow + (((2 * t) ^ (c & 7)) << 4));
-      const uint4 k1 = lds128(crow + (((2 * t + 1) ^ (c & 7)) << 4));
-      const uint32_t kw[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-      uint32_t nk = 0;
+    for (int s = 0; s < 8; ++s) {
+      ng = nan_fold(ng, kg[s]);
+      nh = nan_fold(nh, kh[s]);
+    }
+    float acc[NT][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) nk = nan_fold(nk, kw[j]);
-      nk |= __shfl_xor_sync(0xFFFFFFFFu, nk, 1);
-      nk |= __shfl_xor_sync(0xFFFFFFFFu, nk, 2);
-      const bool k_nan = nan_any(nk);
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b0 = k_nan ? kF16x2NaN : e4m3x2_lo_f16x2(kw[j]);
-        const uint32_t b1 = k_nan ? kF16x2NaN : e4m3x2_hi_f16x2(kw[j]);
-        mma_f16_16816(acc, qa[j], b0, b1);
+    for (int s = 0; s < 8; ++s) {
+      uint32_t a[4] = {e4m3x2_lo_f16x2(kg[s]), e4m3x2_lo_f16x2(kh[s]), e4m3x2_hi_f16x2(kg[s]),
+                       e4m3x2_hi_f16x2(kh[s])};
+      if (s == 0) {  // a NaN code in a column's row makes its dot products NaN
+        if (nan_any(ng)) a[0] = kF16x2NaN;
+        if (nan_any(nh)) a[1] = kF16x2NaN;
       }
-      // acc: heads g (0, 1) and g + 8 (2, 3), columns 2t and 2t + 1 of this 8-column tile;
-      // x 2^16 undoes the two 2^-8 of the operands
-      float v0 = __fmul_rn(fmaxf(acc[0] * 65536.0f, 0.0f), w0) + __fmul_rn(fmaxf(acc[2] * 65536.0f, 0.0f), w1);
-      float v1 = __fmul_rn(fmaxf(acc[1] * 65536.0f, 0.0f), w0) + __fmul_rn(fmaxf(acc[3] * 65536.0f, 0.0f), w1);
 #pragma unroll
-      for (int m = 4; m < 32; m <<= 1) {
-        v0 += __shfl_xor_sync(0xFFFFFFFFu, v0, m);
-        v1 += __shfl_xor_sync(0xFFFFFFFFu, v1, m);
-      }
-      if (g == 0) {
-        const int lc = s * kStageCols + nt * 8 + 2 * t;
-        red_w[lc] = v0;
-        red_w[lc + 1] = v1;
+      for (int n = 0; n < NT; ++n) mma_f16_16816(acc[n], a, qb[n][s][0], qb[n][s][1]);
+    }
+    // acc[n]: columns g (0, 1) and g + 8 (2, 3), heads 8n + 2t and 8n + 2t + 1
+    float vg = 0.0f, vh = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float2 wv = *reinterpret_cast<const float2*>(sw + 8 * n + 2 * t);
+      vg += fmaxf(acc[n][0], 0.0f) * wv.x;
+      vg += fmaxf(acc[n][1], 0.0f) * wv.y;
+      vh += fmaxf(acc[n][2], 0.0f) * wv.x;
+      vh += fmaxf(acc[n][3], 0.0f) * wv.y;
+    }
+    vg += __shfl_xor_sync(0xFFFFFFFFu, vg, 1);
+    vh += __shfl_xor_sync(0xFFFFFFFFu, vh, 1);
+    vg += __shfl_xor_sync(0xFFFFFFFFu, vg, 2);
+    vh += __shfl_xor_sync(0xFFFFFFFFu, vh, 2);
+    if (t < 2) {
+      const int c = g + 8 * t;
+      const int lc = j * kTileCols + c;
+      if (lc < ncols) {
+        int64_t key = kKeyMin;
+        if (lc >= v0 && lc < v1) {
+          const float sc = *reinterpret_cast<const float*>(tile + kTileCodeBytes + 4 * c);
+          key = order_key((t == 0 ? vg : vh) * sc, base + lc - lo);
+        }
+        out[lc] = key;
       }
     }
   }
   cp_async_wait<0>();
-  __syncthreads();
-
-  for (int i = tid; i < ncols; i += W * 32) {
-    int64_t key = kKeyMin;
-    if (i >= v0 && i < v1) {
-      float sum = red[i];
-#pragma unroll
-      for (int w = 1; w < W; ++w) sum += red[w * p.chunk + i];
-      key = order_key(sum * scales[i], base + i - lo);
-    }
-    out[i] = key;
-  }
 }
 
-template <int W>
-void launch_w(const IndexerKeysParams& p, cudaStream_t stream) {
-  const int smem = indexer_keys_smem_bytes(W * 16, p.chunk);
+template <int NT>
+void launch_nt(const IndexerKeysParams& p, cudaStream_t stream) {
+  const int smem = indexer_keys_smem_bytes(8 * NT, p.chunk);
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
-  indexer_keys_kernel<W><<<grid, W * 32, smem, stream>>>(p);
+  indexer_keys_kernel<NT><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
 }  // namespace
 
 int indexer_keys_smem_bytes(int heads, int chunk) {
-  return kRingBytes + chunk * static_cast<int>(sizeof(float)) * (heads / 16 + 1);
+  (void)heads;
+  (void)chunk;
+  return kWeightBytes + kWarps * kWarpRing;
 }
 
 int indexer_keys_chunk(int rows, int n_cols, const DeviceLimits& lim) {
-  // about 8 blocks per SM in total, 32..512 columns per block (shared memory <= 34 KB)
-  const int64_t target = static_cast<int64_t>(lim.sm_count) * 8;
+  // about 4 blocks (16 warps) per SM in total, in 64-column steps (a tile per warp)
+  const int64_t target = static_cast<int64_t>(lim.sm_count) * 4;
   int64_t per_row = (target + rows - 1) / rows;
   if (per_row < 1) per_row = 1;
   int64_t chunk = (static_cast<int64_t>(n_cols) + per_row - 1) / per_row;
-  chunk = (chunk + kStageCols - 1) / kStageCols * kStageCols;
-  if (chunk < kStageCols) chunk = kStageCols;
-  if (chunk > kIndexerKeysMaxChunk) chunk = kIndexerKeysMaxChunk;
+  chunk = (chunk + kIndexerKeysChunkStep - 1) / kIndexerKeysChunkStep * kIndexerKeysChunkStep;
+  if (chunk < kIndexerKeysChunkStep) chunk = kIndexerKeysChunkStep;
+  // grid.y <= 65535
+  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
+  if (chunk < min_chunk) chunk = (min_chunk + kIndexerKeysChunkStep - 1) / kIndexerKeysChunkStep * kIndexerKeysChunkStep;
   return static_cast<int>(chunk);
 }
 
@@ -313,10 +330,9 @@ void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& li
   p.bs_div = make_fast_div(p.block_size);
   if (p.chunk <= 0) p.chunk = indexer_keys_chunk(p.rows, p.n_cols, lim);
   switch (p.heads) {
-    case 16: launch_w<1>(p, stream); break;
-    case 32: launch_w<2>(p, stream); break;
-    case 64: launch_w<4>(p, stream); break;
-    case 128: launch_w<8>(p, stream); break;
+    case 16: launch_nt<2>(p, stream); break;
+    case 32: launch_nt<4>(p, stream); break;
+    case 64: launch_nt<8>(p, stream); break;
     default: break;  // the op checks heads first
   }
 }

@@ -93,7 +93,7 @@ def _run(fn, c, row_req, lo, hi, col0, n_cols, **kw):
     return got[:, :n_cols]
 
 
-@pytest.mark.parametrize("H", [16, 32, 64, 128])
+@pytest.mark.parametrize("H", [16, 32, 64])
 @pytest.mark.parametrize("NN", [1, 6])
 def test_exact_keys_match_oracle_and_triton(rng, H, NN):
     bs = 64
@@ -112,7 +112,7 @@ def test_exact_keys_match_oracle_and_triton(rng, H, NN):
     assert torch.equal(tri, want)
 
 
-@pytest.mark.parametrize("chunk", [32, 64, 0])
+@pytest.mark.parametrize("chunk", [64, 128, 0])
 @pytest.mark.parametrize("bs", [64, 16, 8])
 def test_offsets_windows_chunks_strided_tables(rng, chunk, bs):
     """col0 > 0, n_cols not a multiple of 32, lo > 0, rows of one request in any order,
@@ -266,7 +266,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="pages hold"):
         OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV), **dict(args, block_size=128))
     with pytest.raises(ValueError, match="chunk"):
-        OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV), chunk=48, **args)
+        OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV), chunk=96, **args)
     with pytest.raises(TypeError, match="out"):
         OI.indexer_paged_keys(q, torch.zeros(2, 16, device=DEV),
                               **dict(args, out=torch.empty(2, 64, dtype=torch.int32, device=DEV)))

@@ -185,7 +185,7 @@ def _use_cuda_paged(scorer: str, q: torch.Tensor, kv_cache: torch.Tensor) -> boo
           and kv_cache.stride(0) * kv_cache.element_size() % 16 == 0
           and kv_cache.data_ptr() % 16 == 0 and cuda_indexer.available())
     if scorer == "cuda" and not ok:
-        raise ValueError("scorer='cuda' needs CUDA tensors, heads in (16, 32, 64, 128) of 128, "
+        raise ValueError("scorer='cuda' needs CUDA tensors, heads in (16, 32, 64) of 128, "
                          "16-byte aligned pages and the built extension (make build)")
     return ok
 

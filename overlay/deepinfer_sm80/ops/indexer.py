@@ -9,7 +9,7 @@
 (``deepinfer_sm80.ampere.indexer.order_keys``: score descending, then column ascending),
 INT64_MIN outside ``[lo[row], hi[row])``. Q and K are e4m3 codes decoded exactly; the dot
 products accumulate in fp32 on the tensor cores (csrc/index/indexer_keys.cu). Heads must be
-16, 32, 64 or 128 (:func:`supports`).
+16, 32 or 64 (:func:`supports`).
 
 Imports nothing but torch (and the extension when called).
 """
@@ -20,9 +20,9 @@ import torch
 
 from deepinfer_sm80.ops import _checks as C
 
-HEADS = (16, 32, 64, 128)
+HEADS = (16, 32, 64)
 HEAD_DIM = 128
-MAX_CHUNK = 512
+CHUNK_STEP = 64
 
 
 def _ops():
@@ -68,8 +68,8 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
     ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
     block_size fp32 scales per page), ``block_table`` int32 [reqs, max_blocks] (any strides),
-    ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 32
-    up to 512; 0 sizes it from the SM count)."""
+    ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
+    0 sizes it from the SM count)."""
     C.cuda_tensor(q_u8, "q")
     dev = q_u8.device
     C.dtype(q_u8, "q", torch.uint8)
@@ -96,8 +96,8 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
         C.vector(t, name, dev, torch.int32, rows)
     if col0 < 0 or n_cols < 0:
         raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
-    if chunk and (chunk % 32 or not 0 < chunk <= MAX_CHUNK):
-        raise ValueError(f"chunk must be 0 or a multiple of 32 up to {MAX_CHUNK}, got {chunk}")
+    if chunk and (chunk % CHUNK_STEP or chunk < 0):
+        raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
     _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
                               int(n_cols), int(block_size), int(chunk), int(sm_count or 0))
     return out
