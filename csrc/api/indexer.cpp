@@ -50,7 +50,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   api::check_dtype(out, "out", at::kLong);
   TORCH_CHECK(out.dim() == 2 && out.size(0) >= rows && out.size(1) >= n_cols && out.stride(1) == 1,
               "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
-  TORCH_CHECK(chunk <= 0 || chunk % kIndexerKeysChunkStep == 0,
+  TORCH_CHECK(chunk <= 0 || (chunk % kIndexerKeysChunkStep == 0 && chunk <= INT32_MAX),
               "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
   if (rows == 0 || n_cols == 0) return;
   c10::cuda::CUDAGuard guard(dev);
@@ -76,9 +76,14 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   p.col0 = static_cast<int>(col0);
   p.n_cols = static_cast<int>(n_cols);
   p.block_size = static_cast<int>(block_size);
-  p.chunk = chunk > 0 ? static_cast<int>(chunk) : indexer_keys_chunk(p.rows, p.n_cols, lim);
-  TORCH_CHECK((p.n_cols + p.chunk - 1) / p.chunk <= 65535, "n_cols=", n_cols,
-              " needs more than 65535 column chunks; split the call");
+  p.chunk = static_cast<int>(chunk > 0 ? chunk : 0);  // 0: the launcher sizes it
+  if (chunk > 0) {
+    TORCH_CHECK((n_cols + chunk - 1) / chunk <= 65535, "n_cols=", n_cols, " with chunk=", chunk,
+                " needs more than 65535 column chunks; pass a larger chunk");
+    TORCH_CHECK(chunk / block_size + 2 <= kIndexerKeysMaxPages, "chunk=", chunk,
+                " spans more than ", kIndexerKeysMaxPages - 2, " pages of ", block_size,
+                " columns; pass a smaller chunk");
+  }
   launch_indexer_keys(p, lim, api::stream());
   api::check_launch();
 }

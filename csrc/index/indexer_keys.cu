@@ -99,17 +99,21 @@ __device__ __forceinline__ void words8(uint4 a, uint4 b, uint32_t (&w)[8]) {
   w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
 
-// The page holding global column `col` of request `req` (nullptr: outside the block table,
-// a negative or out-of-range page id) and the column's slot in it.
-__device__ __forceinline__ const uint8_t* column_page(const IndexerKeysParams& p, int req, int col,
-                                                      int& slot) {
+// The page ids of the blocks covering a chunk's visible columns, read once per block into
+// shared memory (-1: outside the block table, a negative or out-of-range page id), so that a
+// tile's copies wait on a shared-memory read instead of a global one.
+struct PageTable {
+  const int32_t* ids;  // shared memory
+  int first_blk;       // block-table column of ids[0]
+};
+
+// The page holding global column `col` (nullptr: none) and the column's slot in it.
+__device__ __forceinline__ const uint8_t* column_page(const IndexerKeysParams& p, const PageTable& pt,
+                                                      int col, int& slot) {
   const int blk = fast_div(col, p.bs_div);
   slot = col - blk * p.block_size;
-  if (blk >= p.max_blocks) return nullptr;
-  const int64_t phys = p.block_table[static_cast<int64_t>(req) * p.bt_stride0 +
-                                     static_cast<int64_t>(blk) * p.bt_stride1];
-  if (phys < 0 || phys >= p.num_pages) return nullptr;
-  return p.pages + phys * p.page_stride;
+  const int32_t phys = pt.ids[blk - pt.first_blk];
+  return phys < 0 ? nullptr : p.pages + static_cast<int64_t>(phys) * p.page_stride;
 }
 
 __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
@@ -126,6 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 indexer_keys_kernel(const IndexerKeysParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   float* sw = reinterpret_cast<float*>(smem);  // the row's weights x 2^16
+  int32_t* spage = reinterpret_cast<int32_t*>(smem + kWeightBytes + kWarps * kWarpRing);
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -156,6 +161,28 @@ indexer_keys_kernel(const IndexerKeysParams p) {
     if (i < tile_first * kTileCols || i >= tile_end * kTileCols) out[i] = kKeyMin;
   }
 
+  // the page table of the visible columns, and the weights
+  PageTable pt;
+  pt.ids = spage;
+  pt.first_blk = fast_div(static_cast<int>(base + v0), p.bs_div);
+  {
+    const int n_blk = fast_div(static_cast<int>(base + v1 - 1), p.bs_div) - pt.first_blk + 1;
+    for (int i = tid; i < n_blk; i += kWarps * 32) {
+      const int blk = pt.first_blk + i;
+      int32_t id = -1;
+      if (blk < p.max_blocks) {
+        const int32_t phys = p.block_table[static_cast<int64_t>(req) * p.bt_stride0 +
+                                           static_cast<int64_t>(blk) * p.bt_stride1];
+        if (phys >= 0 && phys < p.num_pages) id = phys;
+      }
+      spage[i] = id;
+    }
+  }
+  for (int h = tid; h < 8 * NT; h += kWarps * 32) {
+    sw[h] = p.w[static_cast<int64_t>(row) * p.heads + h] * 65536.0f;
+  }
+  __syncthreads();
+
   // Tile j (chunk columns [16j, 16j + 16)) into ring slot `slot`: 128 16-byte pieces of codes
   // (4 per lane) and 16 4-byte scales (lanes 0-15); invisible columns are zero-filled.
   auto load_tile = [&](int j, int slot) {
@@ -170,7 +197,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       int bytes = 0;
       if (lc >= v0 && lc < v1) {
         int slot_in_page;
-        const uint8_t* page = column_page(p, req, static_cast<int>(base + lc), slot_in_page);
+        const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot_in_page);
         if (page != nullptr) {
           src = page + static_cast<int64_t>(slot_in_page) * kD + part * 16;
           bytes = 16;
@@ -184,7 +211,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       int bytes = 0;
       if (lc >= v0 && lc < v1) {
         int slot_in_page;
-        const uint8_t* page = column_page(p, req, static_cast<int>(base + lc), slot_in_page);
+        const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot_in_page);
         if (page != nullptr) {
           src = page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot_in_page);
           bytes = 4;
@@ -200,10 +227,6 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   for (int k = 0; k < kStages - 1; ++k) {
     if (j0 + k * kWarps < tile_end) load_tile(j0 + k * kWarps, k);
     cp_async_commit();
-  }
-
-  for (int h = tid; h < 8 * NT; h += kWarps * 32) {
-    sw[h] = p.w[static_cast<int64_t>(row) * p.heads + h] * 65536.0f;
   }
 
   // B fragments of every head: head 8n + g, bytes [32t, 32t + 32). A NaN code in a head's row
@@ -223,7 +246,6 @@ indexer_keys_kernel(const IndexerKeysParams p) {
     }
     if (nan_any(nf)) qb[n][0][0] = kF16x2NaN;
   }
-  __syncthreads();  // the weights
 
   int it = 0;
 #pragma unroll 1
@@ -296,31 +318,47 @@ indexer_keys_kernel(const IndexerKeysParams p) {
 }
 
 template <int NT>
-void launch_nt(const IndexerKeysParams& p, cudaStream_t stream) {
-  const int smem = indexer_keys_smem_bytes(8 * NT, p.chunk);
+int blocks_per_sm(int smem) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT>, kWarps * 32, smem) !=
+          cudaSuccess || n <= 0) {
+    n = 1;
+  }
+  return n;
+}
+
+template <int NT>
+void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
+  if (p.chunk <= 0) {
+    static const int per_sm = blocks_per_sm<NT>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20));
+    p.chunk = indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
+  }
+  const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size);
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
   indexer_keys_kernel<NT><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
 }  // namespace
 
-int indexer_keys_smem_bytes(int heads, int chunk) {
-  (void)heads;
-  (void)chunk;
-  return kWeightBytes + kWarps * kWarpRing;
+int indexer_keys_smem_bytes(int chunk, int block_size) {
+  const int pages = chunk / block_size + 2;  // blocks a chunk's columns can touch
+  return kWeightBytes + kWarps * kWarpRing + 4 * pages;
 }
 
-int indexer_keys_chunk(int rows, int n_cols, const DeviceLimits& lim) {
-  // about 4 blocks (16 warps) per SM in total, in 64-column steps (a tile per warp)
-  const int64_t target = static_cast<int64_t>(lim.sm_count) * 4;
-  int64_t per_row = (target + rows - 1) / rows;
+int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks) {
+  // As many columns per block as keeps every row's blocks within one wave of resident blocks
+  // (blocks that start together finish together), in 64-column steps (a tile per warp), at
+  // most kIndexerKeysMaxPages pages per chunk, and at most 65535 chunks per row.
+  int64_t per_row = resident_blocks / (rows > 0 ? rows : 1);
   if (per_row < 1) per_row = 1;
   int64_t chunk = (static_cast<int64_t>(n_cols) + per_row - 1) / per_row;
-  chunk = (chunk + kIndexerKeysChunkStep - 1) / kIndexerKeysChunkStep * kIndexerKeysChunkStep;
-  if (chunk < kIndexerKeysChunkStep) chunk = kIndexerKeysChunkStep;
-  // grid.y <= 65535
+  const int64_t step = kIndexerKeysChunkStep;
+  chunk = (chunk + step - 1) / step * step;
   const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
-  if (chunk < min_chunk) chunk = (min_chunk + kIndexerKeysChunkStep - 1) / kIndexerKeysChunkStep * kIndexerKeysChunkStep;
+  if (chunk < min_chunk) chunk = (min_chunk + step - 1) / step * step;
+  const int64_t max_chunk = (static_cast<int64_t>(kIndexerKeysMaxPages) - 2) * block_size / step * step;
+  if (chunk > max_chunk) chunk = max_chunk;
+  if (chunk < step) chunk = step;
   return static_cast<int>(chunk);
 }
 
@@ -328,11 +366,10 @@ void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& li
   if (params.rows <= 0 || params.n_cols <= 0) return;
   IndexerKeysParams p = params;
   p.bs_div = make_fast_div(p.block_size);
-  if (p.chunk <= 0) p.chunk = indexer_keys_chunk(p.rows, p.n_cols, lim);
   switch (p.heads) {
-    case 16: launch_nt<2>(p, stream); break;
-    case 32: launch_nt<4>(p, stream); break;
-    case 64: launch_nt<8>(p, stream); break;
+    case 16: launch_nt<2>(p, lim, stream); break;
+    case 32: launch_nt<4>(p, lim, stream); break;
+    case 64: launch_nt<8>(p, lim, stream); break;
     default: break;  // the op checks heads first
   }
 }
