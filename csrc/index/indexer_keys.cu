@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "attention/detail/sm80_ptx.cuh"
+#include "common/env_knob.h"
 #include "index/index_kernels.h"
 
 namespace deepinfer_sm80 {
@@ -124,8 +125,10 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
   return ordered * (int64_t{1} << 32) + (int64_t{0xFFFFFFFF} - local);
 }
 
-// NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64).
-template <int NT>
+// NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64). kDiag (measurement only, wrong keys by
+// design; $DEEPINFER_INDEXER_DIAG): 1 = the tile stream without decode, MMA or epilogue (a
+// key from the loaded words), 2 = the math on whatever the ring holds, without the copies.
+template <int NT, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 indexer_keys_kernel(const IndexerKeysParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -186,6 +189,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   // Tile j (chunk columns [16j, 16j + 16)) into ring slot `slot`: 128 16-byte pieces of codes
   // (4 per lane) and 16 4-byte scales (lanes 0-15); invisible columns are zero-filled.
   auto load_tile = [&](int j, int slot) {
+    if constexpr (kDiag == 2) return;
     uint8_t* dst = ring + slot * kTileBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -267,6 +271,13 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       words8(lds128(rg + sw0), lds128(rg + sw1), kg);
       words8(lds128(rh + sw0), lds128(rh + sw1), kh);
     }
+    if constexpr (kDiag == 1) {
+      uint32_t x = 0;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) x ^= kg[s] ^ kh[s];
+      if (t < 2 && j * kTileCols + g + 8 * t < ncols) out[j * kTileCols + g + 8 * t] = x;
+      continue;
+    }
     uint32_t ng = 0, nh = 0;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
@@ -317,25 +328,31 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   cp_async_wait<0>();
 }
 
-template <int NT>
+template <int NT, int kDiag = 0>
 int blocks_per_sm(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT>, kWarps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT, kDiag>, kWarps * 32, smem) !=
           cudaSuccess || n <= 0) {
     n = 1;
   }
   return n;
 }
 
-template <int NT>
+template <int NT, int kDiag = 0>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
   if (p.chunk <= 0) {
-    static const int per_sm = blocks_per_sm<NT>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20));
+    static const int per_sm = blocks_per_sm<NT, kDiag>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20));
     p.chunk = indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
   }
-  const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size);
+  // $DEEPINFER_INDEXER_SMEM_PAD = bytes (measurement knob): unused dynamic shared memory, so
+  // that fewer blocks are resident per SM
+  static const int pad = knob_int("DEEPINFER_INDEXER_SMEM_PAD", 0);
+  const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size) + (pad > 0 ? pad : 0);
+  if (smem > 48 * 1024) {
+    cudaFuncSetAttribute(indexer_keys_kernel<NT, kDiag>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
-  indexer_keys_kernel<NT><<<grid, kWarps * 32, smem, stream>>>(p);
+  indexer_keys_kernel<NT, kDiag><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
 }  // namespace
@@ -366,6 +383,9 @@ void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& li
   if (params.rows <= 0 || params.n_cols <= 0) return;
   IndexerKeysParams p = params;
   p.bs_div = make_fast_div(p.block_size);
+  static const int diag = knob_int("DEEPINFER_INDEXER_DIAG", 0);
+  if (diag == 1 && p.heads == 64) return launch_nt<8, 1>(p, lim, stream);
+  if (diag == 2 && p.heads == 64) return launch_nt<8, 2>(p, lim, stream);
   switch (p.heads) {
     case 16: launch_nt<2>(p, lim, stream); break;
     case 32: launch_nt<4>(p, lim, stream); break;
