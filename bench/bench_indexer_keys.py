@@ -126,6 +126,8 @@ def main(argv=None) -> int:
         if args.sm_count:
             variants.append((f"cuda, grid for {args.sm_count} SMs",
                              lambda s: scorer_call(OI.indexer_paged_keys, s, sm_count=args.sm_count)))
+        variants.append(("cuda, SM86 limits (84 SMs, 99 KB: 4-stage ring)",
+                         lambda s: scorer_call(OI.indexer_paged_keys, s, sm_count=84, smem_cap=101376)))
         base = None
         for name, mk in variants:
             t = common.graph_time([mk(s) for s in sets], min_calls=common.CALLS_PER_REPLAY)

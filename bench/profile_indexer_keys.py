@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--sm-count", type=int, default=0)
+    ap.add_argument("--smem-cap", type=int, default=0)
     a = ap.parse_args()
     common.require_cuda()
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
@@ -40,7 +41,8 @@ def main() -> None:
     per_set = a.batch * a.ctx * (B.D + 4) + rows * a.ctx * 8
     n_sets = common.rotation_count(per_set, max_sets=8) if a.time else 1
     sets = [B.make_set(a.batch, a.rows, a.ctx, a.heads, g) for _ in range(n_sets)]
-    calls = [B.scorer_call(OI.indexer_paged_keys, s, sm_count=a.sm_count) for s in sets]
+    calls = [B.scorer_call(OI.indexer_paged_keys, s, sm_count=a.sm_count, smem_cap=a.smem_cap)
+             for s in sets]
     knobs = {k: v for k, v in os.environ.items() if k.startswith("DEEPINFER_INDEXER")}
     if not a.time:
         for _ in range(3):
@@ -49,7 +51,7 @@ def main() -> None:
         return
     common.warm_gpu(0.5)
     t = common.graph_time(calls, min_calls=common.CALLS_PER_REPLAY)
-    print(f"{a.batch} req x {a.rows} rows, ctx {a.ctx}, {a.heads} heads, knobs {knobs}: "
+    print(f"{a.batch} req x {a.rows} rows, ctx {a.ctx}, {a.heads} heads, knobs {knobs}, sm_count {a.sm_count}, smem_cap {a.smem_cap}: "
           f"{t.median_us:.1f} us, {common.gbps(nbytes, t.median_us):.0f} GB/s, "
           f"{2.0 * rows * a.ctx * a.heads * B.D / t.median_us / 1e6:.0f} TFLOP/s", flush=True)
 

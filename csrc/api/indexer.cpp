@@ -17,7 +17,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                         const at::Tensor& pages, const at::Tensor& block_table,
                         const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
                         int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
-                        int64_t sm_count) {
+                        int64_t sm_count, int64_t smem_cap) {
   const at::Device dev = q.device();
   api::check_cuda(q, "q", dev);
   api::check_dtype(q, "q", at::kByte);
@@ -54,7 +54,8 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
               "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
   if (rows == 0 || n_cols == 0) return;
   c10::cuda::CUDAGuard guard(dev);
-  const DeviceLimits lim = api::limits(dev.index(), sm_count);
+  TORCH_CHECK(smem_cap >= 0, "smem_cap must be >= 0 (0 = the device's limit)");
+  const DeviceLimits lim = api::limits(dev.index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
   IndexerKeysParams p;
   p.out = out.data_ptr<int64_t>();
   p.out_stride0 = out.stride(0);
@@ -94,7 +95,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
       "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
-      "int block_size, int chunk=0, int sm_count=0) -> ()");
+      "int block_size, int chunk=0, int sm_count=0, int smem_cap=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) { m.impl("indexer_paged_keys", &indexer_paged_keys); }

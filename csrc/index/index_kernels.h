@@ -95,9 +95,9 @@ struct IndexerKeysParams {
 
 constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
 // Page ids a block keeps in shared memory: chunks span at most this many pages (so that
-// its shared memory stays below the 48 KB that needs no opt-in).
+// the page table stays within 8 KB of shared memory).
 constexpr int kIndexerKeysMaxPages = 2048;
-int indexer_keys_smem_bytes(int chunk, int block_size);
+int indexer_keys_smem_bytes(int chunk, int block_size, int stages);
 int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks);
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
 

@@ -50,10 +50,10 @@ using attention::ptx::smem_u32;
 constexpr int kD = 128;                                  // index head dim (bytes per row)
 constexpr int kWarps = 4;                                // warps per block
 constexpr int kTileCols = 16;                            // columns per MMA tile (M side)
-constexpr int kStages = 4;                               // cp.async ring depth per warp
 constexpr int kTileCodeBytes = kTileCols * kD;           // 2 KB
 constexpr int kTileBytes = kTileCodeBytes + kTileCols * 4;  // + the columns' fp32 scales
-constexpr int kWarpRing = kStages * kTileBytes;
+constexpr int kRingSmall = 4;  // ring depth per warp where two blocks of 8 stages do not fit
+constexpr int kRingLarge = 8;  // (SM86's 99 KB); SM80 and SM90 take 8
 constexpr int kWeightBytes = 64 * 4;                     // weights of up to 64 heads
 constexpr int64_t kKeyMin = INT64_MIN;
 
@@ -128,9 +128,10 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
 // NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64). kDiag (measurement only, wrong keys by
 // design; $DEEPINFER_INDEXER_DIAG): 1 = the tile stream without decode, MMA or epilogue (a
 // key from the loaded words), 2 = the math on whatever the ring holds, without the copies.
-template <int NT, int kDiag = 0>
+template <int NT, int kStages, int kDiag = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 indexer_keys_kernel(const IndexerKeysParams p) {
+  constexpr int kWarpRing = kStages * kTileBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   float* sw = reinterpret_cast<float*>(smem);  // the row's weights x 2^16
   int32_t* spage = reinterpret_cast<int32_t*>(smem + kWeightBytes + kWarps * kWarpRing);
@@ -254,12 +255,14 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   int it = 0;
 #pragma unroll 1
   for (int j = j0; j < tile_end; j += kWarps, ++it) {
-    cp_async_wait<kStages - 2>();
+    // every lane is past the tile read in the previous iteration: refill its slot first,
+    // then wait for this iteration's tile (kStages - 1 groups may stay in flight)
     __syncwarp();
-    // refill the slot this warp read in the previous iteration (every lane is past it)
     const int jn = j + (kStages - 1) * kWarps;
     if (jn < tile_end) load_tile(jn, (it + kStages - 1) % kStages);
     cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
 
     const uint8_t* tile = ring + (it % kStages) * kTileBytes;
     // A fragments: column g (rows 0-7 of the tile) and column g + 8, bytes [32t, 32t + 32)
@@ -299,15 +302,17 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       for (int n = 0; n < NT; ++n) mma_f16_16816(acc[n], a, qb[n][s][0], qb[n][s][1]);
     }
     // acc[n]: columns g (0, 1) and g + 8 (2, 3), heads 8n + 2t and 8n + 2t + 1
-    float vg = 0.0f, vh = 0.0f;
+    // two partial sums per column (even and odd head tiles): half the dependent chain
+    float pg[2] = {0.0f, 0.0f}, ph[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float2 wv = *reinterpret_cast<const float2*>(sw + 8 * n + 2 * t);
-      vg += fmaxf(acc[n][0], 0.0f) * wv.x;
-      vg += fmaxf(acc[n][1], 0.0f) * wv.y;
-      vh += fmaxf(acc[n][2], 0.0f) * wv.x;
-      vh += fmaxf(acc[n][3], 0.0f) * wv.y;
+      pg[n & 1] += fmaxf(acc[n][0], 0.0f) * wv.x;
+      ph[n & 1] += fmaxf(acc[n][2], 0.0f) * wv.x;
+      pg[n & 1] += fmaxf(acc[n][1], 0.0f) * wv.y;
+      ph[n & 1] += fmaxf(acc[n][3], 0.0f) * wv.y;
     }
+    float vg = pg[0] + pg[1], vh = ph[0] + ph[1];
     vg += __shfl_xor_sync(0xFFFFFFFFu, vg, 1);
     vh += __shfl_xor_sync(0xFFFFFFFFu, vh, 1);
     vg += __shfl_xor_sync(0xFFFFFFFFu, vg, 2);
@@ -328,38 +333,59 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   cp_async_wait<0>();
 }
 
-template <int NT, int kDiag = 0>
+template <int NT, int kStages, int kDiag = 0>
 int blocks_per_sm(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT, kDiag>, kWarps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT, kStages, kDiag>, kWarps * 32, smem) !=
           cudaSuccess || n <= 0) {
     n = 1;
   }
   return n;
 }
 
-template <int NT, int kDiag = 0>
+template <int NT, int kStages, int kDiag = 0>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
-  if (p.chunk <= 0) {
-    static const int per_sm = blocks_per_sm<NT, kDiag>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20));
-    p.chunk = indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
-  }
   // $DEEPINFER_INDEXER_SMEM_PAD = bytes (measurement knob): unused dynamic shared memory, so
   // that fewer blocks are resident per SM
-  static const int pad = knob_int("DEEPINFER_INDEXER_SMEM_PAD", 0);
-  const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size) + (pad > 0 ? pad : 0);
-  if (smem > 48 * 1024) {
-    cudaFuncSetAttribute(indexer_keys_kernel<NT, kDiag>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const int pad = [] {
+    const int b = knob_int("DEEPINFER_INDEXER_SMEM_PAD", 0);
+    return b > 0 ? b : 0;
+  }();
+  auto* kernel = indexer_keys_kernel<NT, kStages, kDiag>;
+  static const bool opted_in = [&] {  // dynamic shared memory beyond 48 KB (the 8-stage ring)
+    int dev = 0, cap = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&cap, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap) == cudaSuccess;
+  }();
+  (void)opted_in;
+  if (p.chunk <= 0) {
+    static const int per_sm =
+        blocks_per_sm<NT, kStages, kDiag>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20, kStages) + pad);
+    p.chunk = indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
   }
+  const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size, kStages) + pad;
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
-  indexer_keys_kernel<NT, kDiag><<<grid, kWarps * 32, smem, stream>>>(p);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+}
+
+template <int NT, int kDiag = 0>
+void launch_ring(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  // 8 stages where two such blocks fit the per-block shared-memory limit (SM80 163 KB,
+  // SM90 227 KB), else 4 (SM86 99 KB; an explicit cap, e.g. the op's smem_cap, counts)
+  const int big = indexer_keys_smem_bytes(kIndexerKeysChunkStep, p.block_size, kRingLarge);
+  if (2 * big <= lim.max_dynamic_smem) {
+    launch_nt<NT, kRingLarge, kDiag>(p, lim, stream);
+  } else {
+    launch_nt<NT, kRingSmall, kDiag>(p, lim, stream);
+  }
 }
 
 }  // namespace
 
-int indexer_keys_smem_bytes(int chunk, int block_size) {
+int indexer_keys_smem_bytes(int chunk, int block_size, int stages) {
   const int pages = chunk / block_size + 2;  // blocks a chunk's columns can touch
-  return kWeightBytes + kWarps * kWarpRing + 4 * pages;
+  return kWeightBytes + kWarps * stages * kTileBytes + 4 * pages;
 }
 
 int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks) {
@@ -384,12 +410,12 @@ void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& li
   IndexerKeysParams p = params;
   p.bs_div = make_fast_div(p.block_size);
   static const int diag = knob_int("DEEPINFER_INDEXER_DIAG", 0);
-  if (diag == 1 && p.heads == 64) return launch_nt<8, 1>(p, lim, stream);
-  if (diag == 2 && p.heads == 64) return launch_nt<8, 2>(p, lim, stream);
+  if (diag == 1 && p.heads == 64) return launch_ring<8, 1>(p, lim, stream);
+  if (diag == 2 && p.heads == 64) return launch_ring<8, 2>(p, lim, stream);
   switch (p.heads) {
-    case 16: launch_nt<2>(p, lim, stream); break;
-    case 32: launch_nt<4>(p, lim, stream); break;
-    case 64: launch_nt<8>(p, lim, stream); break;
+    case 16: launch_ring<2>(p, lim, stream); break;
+    case 32: launch_ring<4>(p, lim, stream); break;
+    case 64: launch_ring<8>(p, lim, stream); break;
     default: break;  // the op checks heads first
   }
 }

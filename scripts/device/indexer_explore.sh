@@ -11,7 +11,8 @@ for v in "" DEEPINFER_INDEXER_DIAG=1 DEEPINFER_INDEXER_DIAG=2 DEEPINFER_INDEXER_
   env $v $P 2>&1 | tail -1
 done
 env $P --heads 32 2>&1 | tail -1
-env DEEPINFER_INDEXER_SMEM_PAD=40000 $P --heads 32 2>&1 | tail -1
+env $P --smem-cap 101376 2>&1 | tail -1
+env $P --smem-cap 101376 --heads 32 2>&1 | tail -1
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
   timeout 200 "$NCU" --kernel-name regex:indexer_keys_kernel --launch-skip 1 --launch-count 1 \

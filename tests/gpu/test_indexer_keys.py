@@ -93,9 +93,13 @@ def _run(fn, c, row_req, lo, hi, col0, n_cols, **kw):
     return got[:, :n_cols]
 
 
+SM86_SMEM = 101376  # 99 KB: the 4-stage ring
+
+
+@pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("H", [16, 32, 64])
 @pytest.mark.parametrize("NN", [1, 6])
-def test_exact_keys_match_oracle_and_triton(rng, H, NN):
+def test_exact_keys_match_oracle_and_triton(rng, H, NN, smem_cap):
     bs = 64
     ctxs = [0, 1, 200, 64, 257][: 3 if NN == 6 else 5]
     B = len(ctxs)
@@ -106,15 +110,16 @@ def test_exact_keys_match_oracle_and_triton(rng, H, NN):
     lo = torch.zeros_like(hi)
     n_cols = c["maxb"] * bs
     want = _oracle_keys(c, row_req, lo, hi, 0, n_cols)
-    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols)
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols, smem_cap=smem_cap)
     assert torch.equal(got, want)
     tri = _run(mqa_logits_tile, c, row_req, lo, hi, 0, n_cols)
     assert torch.equal(tri, want)
 
 
+@pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("chunk", [64, 128, 0])
 @pytest.mark.parametrize("bs", [64, 16, 8])
-def test_offsets_windows_chunks_strided_tables(rng, chunk, bs):
+def test_offsets_windows_chunks_strided_tables(rng, chunk, bs, smem_cap):
     """col0 > 0, n_cols not a multiple of 32, lo > 0, rows of one request in any order,
     a strided block table, pages past the context that are invalid ids."""
     ctxs = [300, 129, 77]
@@ -124,7 +129,8 @@ def test_offsets_windows_chunks_strided_tables(rng, chunk, bs):
     lo = torch.tensor([5, 0, 17, 0, 64, 1])
     col0, n_cols = 3, min(c["maxb"] * bs - 3, 250)
     want = _oracle_keys(c, row_req, lo, hi, col0, n_cols)
-    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, col0, n_cols, chunk=chunk)
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, col0, n_cols, chunk=chunk,
+               smem_cap=smem_cap)
     assert torch.equal(got, want)
 
 

@@ -62,14 +62,16 @@ def flat_pages(kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
 def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
                        lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
                        pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
-                       block_size: int, chunk: int = 0, sm_count: int | None = None
-                       ) -> torch.Tensor:
+                       block_size: int, chunk: int = 0, sm_count: int | None = None,
+                       smem_cap: int | None = None) -> torch.Tensor:
     """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
     (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
     ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
     block_size fp32 scales per page), ``block_table`` int32 [reqs, max_blocks] (any strides),
     ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
-    0 sizes it from the SM count)."""
+    0 sizes it from the SM count). ``sm_count`` / ``smem_cap``: size the grid and the ring depth
+    for another part (e.g. 108 SMs, or SM86's 101376-byte shared-memory limit: a 4-stage ring
+    instead of 8); 0/None: the device's."""
     C.cuda_tensor(q_u8, "q")
     dev = q_u8.device
     C.dtype(q_u8, "q", torch.uint8)
@@ -99,7 +101,8 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     if chunk and (chunk % CHUNK_STEP or chunk < 0):
         raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
     _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
-                              int(n_cols), int(block_size), int(chunk), int(sm_count or 0))
+                              int(n_cols), int(block_size), int(chunk), int(sm_count or 0),
+                              int(smem_cap or 0))
     return out
 
 
