@@ -17,8 +17,13 @@ Two entry points, both writing request-local indices (-1 = none):
   page), row (b, i) sees compressed positions [0, ctx[b, i]); static shapes
   only (no host sync), so it can run under CUDA-graph capture.
 
+Scorers: on CUDA tensors the decode scoring takes the CUDA kernel of
+``deepinfer_sm80.ops.indexer`` (16/32/64 heads, the extension built), else the fused
+Triton scorer (``indexer_triton``); on CPU torch. ``scorer=`` or
+$DEEPINFER_INDEXER_SCORER (auto | cuda | triton | torch) chooses.
+
 Imports nothing but torch (and, optionally, the Triton scorer in
-``indexer_triton``).
+``indexer_triton`` and the extension through ``deepinfer_sm80.ops.indexer``).
 """
 
 from __future__ import annotations
@@ -174,7 +179,7 @@ def _scorer_choice(scorer: str) -> str:
 def _use_cuda_paged(scorer: str, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """The CUDA paged scorer (``deepinfer_sm80.ops.indexer``) for ``scorer`` auto / cuda:
     CUDA tensors, 16/32/64/128 heads of 128, 16-byte aligned pages, the extension built."""
-    if scorer != "cuda":  # not yet the default: GPU verification pending
+    if scorer not in ("auto", "cuda"):
         return False
     try:
         from deepinfer_sm80.ops import indexer as cuda_indexer
