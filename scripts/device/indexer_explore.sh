@@ -8,11 +8,11 @@ source "$(dirname "$0")/bundle_env.sh" indexer_explore
 P="$PY bench/profile_indexer_keys.py --time"
 for v in "" DEEPINFER_INDEXER_DIAG=1 DEEPINFER_INDEXER_DIAG=2 DEEPINFER_INDEXER_SMEM_PAD=80000 \
          "DEEPINFER_INDEXER_DIAG=1 DEEPINFER_INDEXER_SMEM_PAD=60000"; do
-  env $v $P 2>&1 | tail -1
+  env $v $P 2>&1 | tail -1 | tee -a "$OUT/timing.txt"
 done
-env $P --heads 32 2>&1 | tail -1
-env $P --smem-cap 101376 2>&1 | tail -1
-env $P --smem-cap 101376 --heads 32 2>&1 | tail -1
+for a in "--heads 32" "--smem-cap 101376" "--smem-cap 101376 --heads 32"; do
+  $P $a 2>&1 | tail -1 | tee -a "$OUT/timing.txt"
+done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
   timeout 200 "$NCU" --kernel-name regex:indexer_keys_kernel --launch-skip 1 --launch-count 1 \
