@@ -1,4 +1,5 @@
-"""CPU checks of the op wrappers' argument validation (deepinfer_sm80.ops.cache / .index, and
+"""CPU checks of the op wrappers' argument validation (deepinfer_sm80.ops.cache / .index /
+.indexer, and
 the attention wrappers' arguments to the op):
 bad inputs raise errors that name the argument, good inputs reach the extension op with the
 arguments it expects. The CUDA device check is relaxed to accept CPU tensors and the
@@ -12,6 +13,7 @@ import torch
 from deepinfer_sm80.ops import _checks as C
 from deepinfer_sm80.ops import cache as ops_cache
 from deepinfer_sm80.ops import index as ops_index
+from deepinfer_sm80.ops import indexer as ops_indexer
 
 
 class _Recorder:
@@ -44,6 +46,7 @@ def rec(monkeypatch):
     r = _Recorder()
     monkeypatch.setattr(ops_cache, "_ops", lambda: r)
     monkeypatch.setattr(ops_index, "_ops", lambda: r)
+    monkeypatch.setattr(ops_indexer, "_ops", lambda: r)
     return r
 
 
@@ -148,3 +151,62 @@ def test_plan_reports_split_tokens(monkeypatch):
     assert plan == {"heads_per_block": 64, "keys_per_tile": 32, "threads": 256,
                     "smem_bytes": 157952, "splits": 20, "split_tokens": 4}
     assert r.calls[0][1] == (4096, 64, 640, False, 132, 166912)
+
+
+def _scorer_args(rows=3, heads=32, bs=64, nb=5):
+    return dict(q_u8=torch.zeros(rows, heads, 128, dtype=torch.uint8),
+                w=torch.zeros(rows, heads), col0=0, n_cols=2 * bs,
+                lo=torch.zeros(rows, dtype=torch.int32), hi=torch.full((rows,), 100, dtype=torch.int32),
+                out=torch.empty(rows, 2 * bs, dtype=torch.int64),
+                pages=torch.zeros(nb, bs, 132, dtype=torch.uint8),
+                block_table=torch.zeros(2, 4, dtype=torch.int32),
+                row_req=torch.zeros(rows, dtype=torch.int32), block_size=bs)
+
+
+def test_indexer_scorer_valid_reaches_op_with_a_page_view(rec):
+    kw = _scorer_args()
+    ops_indexer.indexer_paged_keys(**kw)
+    name, args, _ = rec.calls[0]
+    assert name == "indexer_paged_keys"
+    flat = args[3]
+    assert flat.shape == (5, 64 * 132) and flat.data_ptr() == kw["pages"].data_ptr()  # no copy
+    assert args[8:] == (0, 128, 64, 0, 0, 0)
+
+
+@pytest.mark.parametrize("arg,value,match", [
+    ("q_u8", torch.zeros(3, 8, 128, dtype=torch.uint8), "heads in"),
+    ("q_u8", torch.zeros(3, 32, 64, dtype=torch.uint8), "head_dim"),
+    ("q_u8", torch.zeros(3, 128, 32, dtype=torch.uint8).transpose(1, 2), "contiguous"),
+    ("w", torch.zeros(3, 32, dtype=torch.float16), "weights must be torch.float32"),
+    ("out", torch.empty(3, 128, dtype=torch.int32), "out must be torch.int64"),
+    ("pages", torch.zeros(5, 64, 100, dtype=torch.uint8), "pages hold 6400 bytes"),
+    ("pages", torch.zeros(5, 132, 64, dtype=torch.uint8).transpose(1, 2), "contiguous pages"),
+    ("pages", torch.zeros(5, 64, 66, dtype=torch.float16), "must hold bytes"),
+    ("row_req", torch.zeros(2, dtype=torch.int32), "row_req has 2 entries"),
+    ("hi", torch.zeros(3, dtype=torch.int64), "hi must be torch.int32"),
+    ("block_table", torch.zeros(8, dtype=torch.int32), "block_table must be"),
+    ("chunk", 96, "chunk must be 0 or a positive multiple of 64"),
+    ("col0", -1, "col0 and n_cols must be >= 0"),
+])
+def test_indexer_scorer_rejects(rec, arg, value, match):
+    kw = _scorer_args()
+    kw[arg] = value
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops_indexer.indexer_paged_keys(**kw)
+    assert not rec.calls
+
+
+def test_indexer_scorer_choice(monkeypatch):
+    from deepinfer_sm80.ampere import indexer as I
+
+    q = torch.zeros(1, 1, 64, 128, dtype=torch.uint8)
+    pages = torch.zeros(2, 64 * 132, dtype=torch.uint8)
+    assert I._use_cuda_paged("auto", q, pages) is False  # CPU tensors: never the CUDA scorer
+    assert I._use_cuda_paged("triton", q, pages) is False
+    with pytest.raises(ValueError, match="scorer='cuda' needs CUDA tensors"):
+        I._use_cuda_paged("cuda", q, pages)
+    monkeypatch.setenv("DEEPINFER_INDEXER_SCORER", "fast")
+    with pytest.raises(ValueError, match="DEEPINFER_INDEXER_SCORER='fast'"):
+        I._scorer_choice("auto")
+    monkeypatch.setenv("DEEPINFER_INDEXER_SCORER", "triton")
+    assert I._scorer_choice("auto") == "triton" and I._scorer_choice("torch") == "torch"
