@@ -57,6 +57,7 @@ def make_set(B, NN, ctx, H, g):
                 hi=torch.full((rows,), ctx, dtype=torch.int32, device="cuda"),
                 out=torch.empty(rows, ppr * BS, dtype=torch.int64, device="cuda"),
                 idx=torch.empty(rows, TOPK, dtype=torch.int32, device="cuda"),
+                tk=torch.empty(rows, TOPK, dtype=torch.int64, device="cuda"),
                 lens=torch.full((B, NN), ctx, dtype=torch.int32, device="cuda"))
 
 
@@ -90,7 +91,9 @@ def main(argv=None) -> int:
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     report.notes.append(
         "triton = the Triton scorer the CUDA kernel replaces (same contract: paged key mode); "
-        "scorer rows time one call over all columns; decode_topk rows add the running top-k "
+        "scorer rows time one call over all columns; 'top-k of the keys' rows time the running "
+        "top-k alone (speedup column: against torch.topk); decode_topk rows time the whole step "
+        "(triton: Triton scorer + torch.topk; cuda: CUDA scorer + CUDA row top-k) "
         f"(top-k {TOPK}); bytes = unique K entries (132 B) + Q + weights + 8 B keys per row and "
         "column; CUDA-graph replay, median per call, input sets rotated past 2x L2")
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
@@ -137,6 +140,20 @@ def main(argv=None) -> int:
                        pct_copy=100.0 * gb / copy_gbps, tflops=flops / t.median_us / 1e6,
                        speedup_vs_triton=base / t.median_us if base else None,
                        equal_to_triton=same_keys if name != "triton" else None)
+            print(report.rows[-1], flush=True)
+        # the running top-k alone, on the scorer's keys of each set
+        for s in sets:
+            scorer_call(OI.indexer_paged_keys, s)()
+        got = OI.row_topk_keys(s0["out"], TOPK)
+        report.check(f"{shape}: CUDA row top-k equals torch.topk", torch.equal(
+            got, torch.topk(s0["out"], TOPK, dim=1, sorted=True).values))
+        base = None
+        for name, mk in (("torch.topk", lambda s: lambda: torch.topk(s["out"], TOPK, dim=1, sorted=True)),
+                         ("cuda row_topk_keys", lambda s: lambda: OI.row_topk_keys(s["out"], TOPK, out=s["tk"]))):
+            t = common.graph_time([mk(s) for s in sets], min_calls=common.CALLS_PER_REPLAY)
+            base = t.median_us if base is None else base
+            report.add(what="top-k of the keys", shape=shape, impl=name, median_us=t.median_us,
+                       speedup_vs_triton=base / t.median_us)
             print(report.rows[-1], flush=True)
         base = None
         for scorer in ("triton", "cuda"):

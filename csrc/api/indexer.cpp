@@ -1,5 +1,6 @@
 // Torch-facing op of the lightning indexer's paged decode scorer (argument checks + launch):
 //   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu)
+//   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
 #include "api/api_utils.h"
 #include "index/index_kernels.h"
 
@@ -89,6 +90,32 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   api::check_launch();
 }
 
+void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) {
+  const at::Device dev = keys.device();
+  api::check_cuda(keys, "keys", dev);
+  api::check_dtype(keys, "keys", at::kLong);
+  TORCH_CHECK(keys.dim() == 2 && keys.stride(1) == 1 && keys.size(1) <= INT32_MAX,
+              "keys must be int64 [rows, n] with a contiguous last dim");
+  TORCH_CHECK(k >= 1 && k <= kRowTopkMaxK, "k must be in [1, ", kRowTopkMaxK, "], got ", k);
+  api::check_cuda(out, "out", dev);
+  api::check_dtype(out, "out", at::kLong);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) >= keys.size(0) && out.size(1) >= k && out.stride(1) == 1,
+              "out must be int64 [>= rows, >= k] with a contiguous last dim");
+  TORCH_CHECK(keys.size(0) <= INT32_MAX, "too many rows");
+  if (keys.size(0) == 0) return;
+  c10::cuda::CUDAGuard guard(dev);
+  RowTopkParams p;
+  p.keys = keys.data_ptr<int64_t>();
+  p.key_stride = keys.stride(0);
+  p.out = out.data_ptr<int64_t>();
+  p.out_stride = out.stride(0);
+  p.rows = static_cast<int>(keys.size(0));
+  p.n = static_cast<int>(keys.size(1));
+  p.k = static_cast<int>(k);
+  launch_row_topk(p, api::stream());
+  api::check_launch();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
@@ -96,8 +123,12 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
       "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
       "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
       "int block_size, int chunk=0, int sm_count=0, int smem_cap=0) -> ()");
+  m.def("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) { m.impl("indexer_paged_keys", &indexer_paged_keys); }
+TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
+  m.impl("indexer_paged_keys", &indexer_paged_keys);
+  m.impl("row_topk_keys", &row_topk_keys);
+}
 
 }  // namespace deepinfer_sm80

@@ -101,6 +101,21 @@ int indexer_keys_smem_bytes(int chunk, int block_size, int stages);
 int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks);
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
 
+// Per-row top-k of int64 keys, sorted descending (row_topk.cu): out[r, :k] equals
+// torch.topk(keys[r] padded with INT64_MIN to >= k, k, sorted=True).values.
+struct RowTopkParams {
+  const int64_t* keys;            // [rows, n], row stride key_stride (elements)
+  int64_t key_stride;
+  int64_t* out;                   // [rows, >= k], row stride out_stride
+  int64_t out_stride;
+  int rows;
+  int n;
+  int k;                          // 1..kRowTopkMaxK
+};
+constexpr int kRowTopkMaxK = 1024;
+int row_topk_smem_bytes(int k);
+void launch_row_topk(const RowTopkParams& p, cudaStream_t stream);
+
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim, cudaStream_t stream);
 

@@ -7,7 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/bundle_env.sh" indexer
 t0=$SECONDS
-$PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py \
+$PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_row_topk.py \
   tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"

@@ -127,9 +127,26 @@ def keys_to_indices(keys: torch.Tensor) -> torch.Tensor:
     return torch.where(keys == INT64_MIN, torch.full_like(idx, -1), idx).to(torch.int32)
 
 
-def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Best ``k`` keys of ``best`` U ``keys`` per row (descending)."""
+def _cuda_row_topk(scorer: str, t: torch.Tensor, k: int) -> bool:
+    """The extension's row top-k for ``scorer`` auto / cuda on CUDA tensors (k <= 1024)."""
+    if scorer not in ("auto", "cuda") or not t.is_cuda:
+        return False
+    try:
+        from deepinfer_sm80.ops import indexer as cuda_indexer
+    except ImportError:
+        return False
+    return cuda_indexer.row_topk_available(k)
+
+
+def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
+               cuda_topk: bool = False) -> torch.Tensor:
+    """Best ``k`` keys of ``best`` U ``keys`` per row (descending). ``cuda_topk``: through the
+    extension's row top-k (the same values as torch.topk: the keys are a total order)."""
     cat = keys if best is None else torch.cat([best, keys], dim=1)
+    if cuda_topk:
+        from deepinfer_sm80.ops.indexer import row_topk_keys
+
+        return row_topk_keys(cat, k)
     if cat.shape[1] < k:
         pad = torch.full((cat.shape[0], k - cat.shape[1]), INT64_MIN, dtype=cat.dtype,
                          device=cat.device)
@@ -319,6 +336,7 @@ def decode_topk(
         candidates.begin(0, rows, ctx.reshape(rows), maxb * block_size)
     scorer = _scorer_choice(scorer)
     use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)
+    cuda_topk = use_cuda and _cuda_row_topk(scorer, q_fp8, topk)
     if use_cuda or _use_triton(scorer, q_fp8):
         if use_cuda:
             from deepinfer_sm80.ops.indexer import indexer_paged_keys as score_keys
@@ -343,7 +361,7 @@ def decode_topk(
                               block_size=block_size)[:, : t1 - t0]
             if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
-            best = merge_topk(best, keys, topk)
+            best = merge_topk(best, keys, topk, cuda_topk)
         if candidates is not None:
             candidates.finish()
         out[:rows, :topk] = keys_to_indices(best)

@@ -106,4 +106,35 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     return out
 
 
-__all__ = ["indexer_paged_keys", "available", "supports", "flat_pages"]
+ROW_TOPK_MAX_K = 1024
+
+
+def row_topk_available(k: int) -> bool:
+    """True when the extension has the row top-k op and ``k`` is within its limit."""
+    try:
+        return 1 <= k <= ROW_TOPK_MAX_K and hasattr(_ops(), "row_topk_keys")
+    except (ImportError, OSError, RuntimeError):
+        return False
+
+
+def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``k`` largest int64 keys of each row, descending: equal to
+    ``torch.topk(keys padded with INT64_MIN to >= k columns, k, sorted=True).values``
+    (csrc/index/row_topk.cu: radix select, then a sort of the k)."""
+    C.cuda_tensor(keys, "keys")
+    C.dtype(keys, "keys", torch.int64)
+    C.dim(keys, "keys", 2, "[rows, n]")
+    if not 1 <= k <= ROW_TOPK_MAX_K:
+        raise ValueError(f"k must be in [1, {ROW_TOPK_MAX_K}], got {k}")
+    if keys.stride(1) != 1:
+        keys = keys.contiguous()
+    if out is None:
+        out = torch.empty(keys.shape[0], k, dtype=torch.int64, device=keys.device)
+    C.cuda_tensor(out, "out", keys.device)
+    C.dtype(out, "out", torch.int64)
+    _ops().row_topk_keys(out, keys, int(k))
+    return out
+
+
+__all__ = ["indexer_paged_keys", "available", "supports", "flat_pages", "row_topk_keys",
+           "row_topk_available"]

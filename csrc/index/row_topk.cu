@@ -1,0 +1,207 @@
+// Per-row top-k of int64 keys, sorted descending: what torch.topk(keys, k, sorted=True).values
+// gives for the indexer's keys (deepinfer_sm80.ampere.indexer.order_keys: unique per row except
+// INT64_MIN, which marks "no column"), rows shorter than k padded with INT64_MIN.
+//
+// One block per row. Radix select from the most significant byte on the keys made unsigned
+// (key ^ 2^63 keeps their order): each pass histograms one byte of the keys that share the
+// prefix chosen so far, and picks the byte value at which the count from the top reaches the
+// number still needed. While more than kCand candidates share the prefix, the passes read the
+// row from global memory (the scorer has just written it, so from L2); once at most kCand
+// remain, they are copied to shared memory and the remaining passes run there. The k-th
+// largest key T is then known exactly: every key above T is selected, and copies of T fill the
+// rest (T repeats only as INT64_MIN). The k keys are sorted in shared memory (bitonic) and
+// written. Deterministic: the result is a function of the multiset of keys.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "index/index_kernels.h"
+
+namespace deepinfer_sm80 {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kCand = 4096;  // candidates kept in shared memory (32 KB)
+constexpr uint64_t kSign = uint64_t{1} << 63;
+
+// The byte of the next pass: hist[256] of the candidates, `need` >= 1 of them wanted from the
+// top. Returns the byte value d and updates need (what is still wanted among keys with byte d)
+// and count (how many candidates have byte d). Run by one warp.
+__device__ __forceinline__ void pick_digit(const int* hist, int& need, int& digit, int& count) {
+  const int lane = threadIdx.x & 31;
+  // lane L owns bytes 255 - 8L .. 248 - 8L (descending)
+  int c[8];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    c[i] = hist[255 - 8 * lane - i];
+    sum += c[i];
+  }
+  // exclusive prefix over lanes (counts of larger bytes)
+  int incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  const int excl = incl - sum;
+  const bool mine = excl < need && incl >= need;
+  const unsigned who = __ballot_sync(0xFFFFFFFFu, mine);
+  const int src = __ffs(who) - 1;
+  int d = 0, above = 0, cnt = 0;
+  if (lane == src) {
+    int acc = excl;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (acc + c[i] >= need) {
+        d = 255 - 8 * lane - i;
+        above = acc;
+        cnt = c[i];
+        break;
+      }
+      acc += c[i];
+    }
+  }
+  digit = __shfl_sync(0xFFFFFFFFu, d, src);
+  need -= __shfl_sync(0xFFFFFFFFu, above, src);
+  count = __shfl_sync(0xFFFFFFFFu, cnt, src);
+}
+
+__global__ void __launch_bounds__(kThreads)
+row_topk_kernel(const RowTopkParams p) {
+  __shared__ int hist[256];
+  __shared__ uint64_t cand[kCand];
+  __shared__ int s_need, s_digit, s_count, s_n;
+  extern __shared__ __align__(16) uint64_t sel[];  // [pow2 >= k]
+
+  const int tid = threadIdx.x;
+  const int row = blockIdx.x;
+  const int64_t* keys = p.keys + static_cast<int64_t>(row) * p.key_stride;
+  const int n = p.n;
+  const int k = p.k;
+  int sel_n = 1;
+  while (sel_n < k) sel_n <<= 1;
+
+  uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
+  int fill;           // copies of thr to add
+  if (n <= k) {
+    thr = 0;          // INT64_MIN: every key is above or equal; pad with INT64_MIN
+    fill = 0;
+  } else {
+    uint64_t prefix = 0, mask = 0;
+    int need = k;
+    bool in_smem = false;
+    int ncand = n;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kThreads) hist[i] = 0;
+      __syncthreads();
+      if (!in_smem) {
+        for (int i = tid; i < n; i += kThreads) {
+          const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+          if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+        }
+      } else {
+        for (int i = tid; i < ncand; i += kThreads) {
+          atomicAdd(&hist[(cand[i] >> shift) & 255], 1);
+        }
+      }
+      __syncthreads();
+      if (tid < 32) {
+        int d, cnt, nd = need;
+        pick_digit(hist, nd, d, cnt);
+        if (tid == 0) {
+          s_need = nd;
+          s_digit = d;
+          s_count = cnt;
+        }
+      }
+      __syncthreads();
+      need = s_need;
+      const uint64_t d = static_cast<uint64_t>(s_digit);
+      const int count = s_count;
+      const uint64_t dmask = uint64_t{255} << shift;
+      // narrow the candidates to byte d
+      if (in_smem) {
+        if (tid == 0) s_n = 0;
+        __syncthreads();
+        uint64_t mine[kCand / kThreads];
+        bool keep[kCand / kThreads];
+#pragma unroll
+        for (int j = 0; j < kCand / kThreads; ++j) {
+          const int i = tid + j * kThreads;
+          mine[j] = i < ncand ? cand[i] : 0;
+          keep[j] = i < ncand && ((mine[j] >> shift) & 255) == d;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kCand / kThreads; ++j) {
+          if (keep[j]) cand[atomicAdd(&s_n, 1)] = mine[j];
+        }
+        __syncthreads();
+        ncand = s_n;
+      }
+      prefix |= d << shift;
+      mask |= dmask;
+      if (!in_smem && count <= kCand && shift > 0) {
+        if (tid == 0) s_n = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += kThreads) {
+          const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+          if ((u & mask) == prefix) cand[atomicAdd(&s_n, 1)] = u;
+        }
+        __syncthreads();
+        ncand = s_n;
+        in_smem = true;
+      }
+    }
+    thr = prefix;
+    fill = need;  // copies of thr among the k
+  }
+
+  // gather the keys above thr (and, when n <= k, every key), then the copies of thr
+  if (tid == 0) s_n = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += kThreads) {
+    const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+    if (n <= k ? true : u > thr) sel[atomicAdd(&s_n, 1)] = u;
+  }
+  __syncthreads();
+  const int above = s_n;
+  for (int i = above + tid; i < sel_n; i += kThreads) sel[i] = (i < above + fill) ? thr : 0;
+  __syncthreads();
+
+  // bitonic sort, descending
+  for (int size = 2; size <= sel_n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < sel_n; i += kThreads) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const uint64_t a = sel[i], b = sel[j];
+          if (desc ? a < b : a > b) {
+            sel[i] = b;
+            sel[j] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  int64_t* out = p.out + static_cast<int64_t>(row) * p.out_stride;
+  for (int i = tid; i < k; i += kThreads) out[i] = static_cast<int64_t>(sel[i] ^ kSign);
+}
+
+}  // namespace
+
+int row_topk_smem_bytes(int k) {
+  int s = 1;
+  while (s < k) s <<= 1;
+  return s * static_cast<int>(sizeof(uint64_t));
+}
+
+void launch_row_topk(const RowTopkParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.k <= 0) return;
+  row_topk_kernel<<<p.rows, kThreads, row_topk_smem_bytes(p.k), stream>>>(p);
+}
+
+}  // namespace deepinfer_sm80

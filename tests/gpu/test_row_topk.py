@@ -1,0 +1,91 @@
+"""The extension's per-row top-k of int64 keys (``deepinfer_sm80.ops.indexer.row_topk_keys``,
+csrc/index/row_topk.cu) against torch.topk on the same keys: equal values, sorted, for the
+indexer's keys (unique per row, INT64_MIN for "no column") and for adversarial ones: ties in
+every score byte, more INT64_MIN keys than the kernel keeps in shared memory, rows shorter
+than k, strided rows, long rows."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+from deepinfer_sm80.ops import indexer as OI  # noqa: E402
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _built(ext):
+    return ext
+
+
+def _keys(scores, valid=None):
+    rows, n = scores.shape
+    cols = torch.arange(n, device=scores.device).unsqueeze(0)
+    if valid is None:
+        valid = torch.ones_like(scores, dtype=torch.bool)
+    return I.order_keys(scores, cols, valid)
+
+
+def _want(keys, k):
+    if keys.shape[1] < k:
+        pad = torch.full((keys.shape[0], k - keys.shape[1]), I.INT64_MIN, dtype=keys.dtype,
+                         device=keys.device)
+        keys = torch.cat([keys, pad], 1)
+    return torch.topk(keys, k, dim=1, sorted=True).values
+
+
+def _check(keys, k):
+    got = OI.row_topk_keys(keys, k)
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu(), _want(keys, k).cpu())
+
+
+@pytest.mark.parametrize("k", [1, 7, 512, 1024])
+@pytest.mark.parametrize("n", [1, 511, 512, 513, 8192, 65536])
+def test_random_scores(rng, n, k):
+    s = torch.randn(5, n, generator=rng).to(DEV)
+    valid = torch.rand(5, n, generator=rng).to(DEV) > 0.1
+    valid[3] = False            # a row with no column
+    valid[4, n // 2:] = False   # a row with half
+    _check(_keys(s, valid), k)
+
+
+@pytest.mark.parametrize("n", [600, 5000, 65536])
+def test_ties_in_every_score_byte(rng, n):
+    """Scores from a handful of values (relu zeros among them): the keys share their high 32
+    bits in long runs and differ only in the column bits."""
+    vals = torch.tensor([0.0, 0.0, 0.0, 1.5, -2.0, 3.0e-5])
+    s = vals[torch.randint(0, len(vals), (4, n), generator=rng)].to(DEV)
+    s[1] = 0.0                  # one score for the whole row
+    _check(_keys(s), 512)
+
+
+def test_many_int64_min_and_threshold_inside_them(rng):
+    """10,000 INT64_MIN keys (more than the 4,096 kept in shared memory) and fewer valid keys
+    than k: the k-th key is INT64_MIN."""
+    n = 16384
+    s = torch.randn(3, n, generator=rng).to(DEV)
+    valid = torch.zeros(3, n, dtype=torch.bool, device=DEV)
+    valid[0, :300] = True
+    valid[1, ::7] = True
+    valid[2, 6000:] = True
+    _check(_keys(s, valid), 1024)
+
+
+def test_strided_rows_and_long_rows(rng):
+    wide = torch.randn(4, 3000, generator=rng).to(DEV)
+    keys = _keys(wide)[:, 100:2600]  # row stride 3000
+    assert keys.stride(0) == 3000
+    _check(keys, 512)
+    _check(_keys(torch.randn(2, 262144, generator=rng).to(DEV)), 512)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="k must be in"):
+        OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int64, device=DEV), 2048)
+    with pytest.raises(TypeError, match="keys must be torch.int64"):
+        OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int32, device=DEV), 4)
