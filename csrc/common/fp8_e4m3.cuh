@@ -17,6 +17,9 @@
 //                                 e4m3_nan_fold / e4m3_nan_any test words for NaN codes.
 //   e4m3x8_with(codes, route)     eight codes (one 64-bit chunk) through a four-code route
 //                                 -> one uint4 of bf16; e4m3x8_to_bf16x8_bf16mul(codes, s).
+//   e4m3x2_lo/hi_to_f16x2_m8(w)  codes 0,1 / 2,3 of a word as fp16x2 times 2^-8, exact, no
+//                                 multiply (MMA operands; NaN codes become finite: test them
+//                                 with e4m3_nan_fold).
 //
 // Needs only the CUDA headers (no torch); kernels of every family include it.
 #pragma once
@@ -232,6 +235,20 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_bf16mul2(uint32_t four_bytes, _
                                                           __nv_bfloat162& lo, __nv_bfloat162& hi) {
   lo = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four_bytes, 0x9180u), mult);
   hi = e4m3x2_sext_to_bf16x2_bf16mul2(prmt_sext(four_bytes, 0xB3A2u), mult);
+}
+
+// Codes 0,1 (lo) and 2,3 (hi) of a word as fp16x2, each the code's value times 2^-8, exactly:
+// fp16 has one more exponent bit and seven more mantissa bits than e4m3, so the code's sign
+// at bit 15 and its 7 magnitude bits at bits 13..7 are that value, subnormals included. The
+// prmt sign-extends each code into a 16-bit half (s..s s eeee mmm); shifted left by 7, bit 15
+// is the sign and bits 13..7 the magnitude; bit 14 (a sign copy) and the low half's bits that
+// crossed into the high half are masked off. A NaN code (0x7F / 0xFF) becomes +-1.875 * 2^0:
+// callers that must see NaN test the words with e4m3_nan_fold.
+__device__ __forceinline__ uint32_t e4m3x2_lo_to_f16x2_m8(uint32_t w) {
+  return (prmt_sext(w, 0x9180u) << 7) & 0xBF80BF80u;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2_m8(uint32_t w) {
+  return (prmt_sext(w, 0xB3A2u) << 7) & 0xBF80BF80u;
 }
 
 // True if any of the codes of the words folded in by e4m3_nan_fold is a NaN code: a byte's

@@ -36,6 +36,7 @@
 
 #include "attention/detail/sm80_ptx.cuh"
 #include "common/env_knob.h"
+#include "common/fp8_e4m3.cuh"
 #include "index/index_kernels.h"
 
 namespace deepinfer_sm80 {
@@ -56,29 +57,6 @@ constexpr int kRingSmall = 4;  // ring depth per warp where two blocks of 8 stag
 constexpr int kRingLarge = 8;  // (SM86's 99 KB); SM80 and SM90 take 8
 constexpr int kWeightBytes = 64 * 4;                     // weights of up to 64 heads
 constexpr int64_t kKeyMin = INT64_MIN;
-
-__device__ __forceinline__ uint32_t prmt_sext(uint32_t a, uint32_t selector) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(selector));
-  return d;
-}
-
-// Codes 0,1 (lo) and 2,3 (hi) of a word as fp16x2, each the code's value times 2^-8: the
-// prmt sign-extends each code into a 16-bit half (s..s s eeee mmm); shifted left by 7, bit 15
-// is the sign and bits 13..7 the magnitude; bit 14 (a sign copy) and the low half's bits that
-// crossed into the high half are masked off.
-__device__ __forceinline__ uint32_t e4m3x2_lo_f16x2(uint32_t w) {
-  return (prmt_sext(w, 0x9180u) << 7) & 0xBF80BF80u;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi_f16x2(uint32_t w) {
-  return (prmt_sext(w, 0xB3A2u) << 7) & 0xBF80BF80u;
-}
-
-// Nonzero (in a bit 7) if any byte of the words folded in is a NaN code (low 7 bits all set).
-__device__ __forceinline__ uint32_t nan_fold(uint32_t acc, uint32_t w) {
-  return acc | ((w & 0x7F7F7F7Fu) + 0x01010101u);
-}
-__device__ __forceinline__ bool nan_any(uint32_t acc) { return (acc & 0x80808080u) != 0u; }
 
 constexpr uint32_t kF16x2NaN = 0x7E007E00u;
 
@@ -115,6 +93,19 @@ __device__ __forceinline__ const uint8_t* column_page(const IndexerKeysParams& p
   slot = col - blk * p.block_size;
   const int32_t phys = pt.ids[blk - pt.first_blk];
   return phys < 0 ? nullptr : p.pages + static_cast<int64_t>(phys) * p.page_stride;
+}
+
+// Where column lc (chunk-local; visible: [v0, v1)) keeps its 16-byte piece `part` of codes
+// (scale false) or its fp32 scale (scale true); nullptr for an invisible column or no page.
+__device__ __forceinline__ const void* column_bytes(const IndexerKeysParams& p, const PageTable& pt,
+                                                    int64_t base, int v0, int v1, int lc,
+                                                    bool scale, int part) {
+  if (lc < v0 || lc >= v1) return nullptr;
+  int slot;
+  const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot);
+  if (page == nullptr) return nullptr;
+  return scale ? page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot)
+               : page + static_cast<int64_t>(slot) * kD + part * 16;
 }
 
 __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
@@ -197,32 +188,12 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       const int piece = lane + 32 * k;
       const int c = piece >> 3;
       const int part = piece & 7;
-      const int lc = j * kTileCols + c;
-      const void* src = p.pages;
-      int bytes = 0;
-      if (lc >= v0 && lc < v1) {
-        int slot_in_page;
-        const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot_in_page);
-        if (page != nullptr) {
-          src = page + static_cast<int64_t>(slot_in_page) * kD + part * 16;
-          bytes = 16;
-        }
-      }
-      cp_async_16(smem_u32(dst + c * kD + ((part ^ (c & 1)) << 4)), src, bytes);
+      const void* src = column_bytes(p, pt, base, v0, v1, j * kTileCols + c, false, part);
+      cp_async_16(smem_u32(dst + c * kD + ((part ^ (c & 1)) << 4)), src ? src : p.pages, src ? 16 : 0);
     }
     if (lane < kTileCols) {
-      const int lc = j * kTileCols + lane;
-      const void* src = p.pages;
-      int bytes = 0;
-      if (lc >= v0 && lc < v1) {
-        int slot_in_page;
-        const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot_in_page);
-        if (page != nullptr) {
-          src = page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot_in_page);
-          bytes = 4;
-        }
-      }
-      cp_async_4(smem_u32(dst + kTileCodeBytes + 4 * lane), src, bytes);
+      const void* src = column_bytes(p, pt, base, v0, v1, j * kTileCols + lane, true, 0);
+      cp_async_4(smem_u32(dst + kTileCodeBytes + 4 * lane), src ? src : p.pages, src ? 4 : 0);
     }
   };
 
@@ -245,11 +216,11 @@ indexer_keys_kernel(const IndexerKeysParams p) {
     uint32_t nf = 0;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      nf = nan_fold(nf, w[s]);
-      qb[n][s][0] = e4m3x2_lo_f16x2(w[s]);
-      qb[n][s][1] = e4m3x2_hi_f16x2(w[s]);
+      nf = e4m3_nan_fold(nf, w[s]);
+      qb[n][s][0] = e4m3x2_lo_to_f16x2_m8(w[s]);
+      qb[n][s][1] = e4m3x2_hi_to_f16x2_m8(w[s]);
     }
-    if (nan_any(nf)) qb[n][0][0] = kF16x2NaN;
+    if (e4m3_nan_any(nf)) qb[n][0][0] = kF16x2NaN;
   }
 
   int it = 0;
@@ -284,19 +255,19 @@ indexer_keys_kernel(const IndexerKeysParams p) {
     uint32_t ng = 0, nh = 0;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      ng = nan_fold(ng, kg[s]);
-      nh = nan_fold(nh, kh[s]);
+      ng = e4m3_nan_fold(ng, kg[s]);
+      nh = e4m3_nan_fold(nh, kh[s]);
     }
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      uint32_t a[4] = {e4m3x2_lo_f16x2(kg[s]), e4m3x2_lo_f16x2(kh[s]), e4m3x2_hi_f16x2(kg[s]),
-                       e4m3x2_hi_f16x2(kh[s])};
+      uint32_t a[4] = {e4m3x2_lo_to_f16x2_m8(kg[s]), e4m3x2_lo_to_f16x2_m8(kh[s]), e4m3x2_hi_to_f16x2_m8(kg[s]),
+                       e4m3x2_hi_to_f16x2_m8(kh[s])};
       if (s == 0) {  // a NaN code in a column's row makes its dot products NaN
-        if (nan_any(ng)) a[0] = kF16x2NaN;
-        if (nan_any(nh)) a[1] = kF16x2NaN;
+        if (e4m3_nan_any(ng)) a[0] = kF16x2NaN;
+        if (e4m3_nan_any(nh)) a[1] = kF16x2NaN;
       }
 #pragma unroll
       for (int n = 0; n < NT; ++n) mma_f16_16816(acc[n], a, qb[n][s][0], qb[n][s][1]);
