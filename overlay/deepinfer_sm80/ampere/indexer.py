@@ -244,7 +244,9 @@ def prefill_topk(
     k_scale = k_scale.reshape(-1).to(torch.float32)
     ks_all = cu_seqlen_ks.to(torch.int64)
     ke_all = cu_seqlen_ke.to(torch.int64)
+    scorer = _scorer_choice(scorer)
     fused = _use_triton(scorer, q_fp8)
+    cuda_topk = fused and _cuda_row_topk(scorer, q_fp8, topk)
     if fused:
         from .indexer_triton import mqa_logits_tile
 
@@ -284,7 +286,7 @@ def prefill_topk(
             if candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
-            best = merge_topk(best, keys, topk)
+            best = merge_topk(best, keys, topk, cuda_topk)
         if candidates is not None:
             candidates.finish()
         out[r0:r1, :topk] = keys_to_indices(best)
