@@ -97,8 +97,6 @@ constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
 // Page ids a block keeps in shared memory: chunks span at most this many pages (so that
 // the page table stays within 8 KB of shared memory).
 constexpr int kIndexerKeysMaxPages = 2048;
-int indexer_keys_smem_bytes(int chunk, int block_size, int stages);
-int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks);
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
 
 // Per-row top-k of int64 keys, sorted descending (row_topk.cu): out[r, :k] equals
@@ -113,7 +111,6 @@ struct RowTopkParams {
   int k;                          // 1..kRowTopkMaxK
 };
 constexpr int kRowTopkMaxK = 1024;
-int row_topk_smem_bytes(int k);
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream);
 
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);

@@ -37,6 +37,7 @@
 #include "attention/detail/sm80_ptx.cuh"
 #include "common/env_knob.h"
 #include "common/fp8_e4m3.cuh"
+#include "common/vec.cuh"
 #include "index/index_kernels.h"
 
 namespace deepinfer_sm80 {
@@ -46,6 +47,7 @@ using attention::ptx::cp_async_16;
 using attention::ptx::cp_async_4;
 using attention::ptx::cp_async_commit;
 using attention::ptx::cp_async_wait;
+using attention::ptx::mma_f16_16816;
 using attention::ptx::smem_u32;
 
 constexpr int kD = 128;                                  // index head dim (bytes per row)
@@ -59,19 +61,6 @@ constexpr int kWeightBytes = 64 * 4;                     // weights of up to 64 
 constexpr int64_t kKeyMin = INT64_MIN;
 
 constexpr uint32_t kF16x2NaN = 0x7E007E00u;
-
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
-  return *reinterpret_cast<const uint4*>(p);
-}
 
 __device__ __forceinline__ void words8(uint4 a, uint4 b, uint32_t (&w)[8]) {
   w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
@@ -242,8 +231,8 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       const uint8_t* rg = tile + g * kD;
       const uint8_t* rh = tile + (g + 8) * kD;
       const int sw0 = ((2 * t) ^ (g & 1)) << 4, sw1 = ((2 * t + 1) ^ (g & 1)) << 4;
-      words8(lds128(rg + sw0), lds128(rg + sw1), kg);
-      words8(lds128(rh + sw0), lds128(rh + sw1), kh);
+      words8(ld_v4(rg + sw0), ld_v4(rg + sw1), kg);
+      words8(ld_v4(rh + sw0), ld_v4(rh + sw1), kh);
     }
     if constexpr (kDiag == 1) {
       uint32_t x = 0;
@@ -304,6 +293,28 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   cp_async_wait<0>();
 }
 
+int indexer_keys_smem_bytes(int chunk, int block_size, int stages) {
+  const int pages = chunk / block_size + 2;  // blocks a chunk's columns can touch
+  return kWeightBytes + kWarps * stages * kTileBytes + 4 * pages;
+}
+
+int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks) {
+  // As many columns per block as keeps every row's blocks within one wave of resident blocks
+  // (blocks that start together finish together), in 64-column steps (a tile per warp), at
+  // most kIndexerKeysMaxPages pages per chunk, and at most 65535 chunks per row.
+  int64_t per_row = resident_blocks / (rows > 0 ? rows : 1);
+  if (per_row < 1) per_row = 1;
+  int64_t chunk = (static_cast<int64_t>(n_cols) + per_row - 1) / per_row;
+  const int64_t step = kIndexerKeysChunkStep;
+  chunk = (chunk + step - 1) / step * step;
+  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
+  if (chunk < min_chunk) chunk = (min_chunk + step - 1) / step * step;
+  const int64_t max_chunk = (static_cast<int64_t>(kIndexerKeysMaxPages) - 2) * block_size / step * step;
+  if (chunk > max_chunk) chunk = max_chunk;
+  if (chunk < step) chunk = step;
+  return static_cast<int>(chunk);
+}
+
 template <int NT, int kStages, int kDiag = 0>
 int blocks_per_sm(int smem) {
   int n = 0;
@@ -353,28 +364,6 @@ void launch_ring(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream
 }
 
 }  // namespace
-
-int indexer_keys_smem_bytes(int chunk, int block_size, int stages) {
-  const int pages = chunk / block_size + 2;  // blocks a chunk's columns can touch
-  return kWeightBytes + kWarps * stages * kTileBytes + 4 * pages;
-}
-
-int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks) {
-  // As many columns per block as keeps every row's blocks within one wave of resident blocks
-  // (blocks that start together finish together), in 64-column steps (a tile per warp), at
-  // most kIndexerKeysMaxPages pages per chunk, and at most 65535 chunks per row.
-  int64_t per_row = resident_blocks / (rows > 0 ? rows : 1);
-  if (per_row < 1) per_row = 1;
-  int64_t chunk = (static_cast<int64_t>(n_cols) + per_row - 1) / per_row;
-  const int64_t step = kIndexerKeysChunkStep;
-  chunk = (chunk + step - 1) / step * step;
-  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
-  if (chunk < min_chunk) chunk = (min_chunk + step - 1) / step * step;
-  const int64_t max_chunk = (static_cast<int64_t>(kIndexerKeysMaxPages) - 2) * block_size / step * step;
-  if (chunk > max_chunk) chunk = max_chunk;
-  if (chunk < step) chunk = step;
-  return static_cast<int>(chunk);
-}
 
 void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& lim, cudaStream_t stream) {
   if (params.rows <= 0 || params.n_cols <= 0) return;

@@ -24,6 +24,13 @@ constexpr int kThreads = 512;
 constexpr int kCand = 4096;  // candidates kept in shared memory (32 KB)
 constexpr uint64_t kSign = uint64_t{1} << 63;
 
+// the bitonic sort's width: the smallest power of two >= k
+__host__ __device__ __forceinline__ int pow2_at_least(int k) {
+  int s = 1;
+  while (s < k) s <<= 1;
+  return s;
+}
+
 // The byte of the next pass: hist[256] of the candidates, `need` >= 1 of them wanted from the
 // top. Returns the byte value d and updates need (what is still wanted among keys with byte d)
 // and count (how many candidates have byte d). Run by one warp.
@@ -79,8 +86,7 @@ row_topk_kernel(const RowTopkParams p) {
   const int64_t* keys = p.keys + static_cast<int64_t>(row) * p.key_stride;
   const int n = p.n;
   const int k = p.k;
-  int sel_n = 1;
-  while (sel_n < k) sel_n <<= 1;
+  const int sel_n = pow2_at_least(k);
 
   uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
   int fill;           // copies of thr to add
@@ -191,13 +197,9 @@ row_topk_kernel(const RowTopkParams p) {
   for (int i = tid; i < k; i += kThreads) out[i] = static_cast<int64_t>(sel[i] ^ kSign);
 }
 
-}  // namespace
+int row_topk_smem_bytes(int k) { return pow2_at_least(k) * static_cast<int>(sizeof(uint64_t)); }
 
-int row_topk_smem_bytes(int k) {
-  int s = 1;
-  while (s < k) s <<= 1;
-  return s * static_cast<int>(sizeof(uint64_t));
-}
+}  // namespace
 
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.k <= 0) return;

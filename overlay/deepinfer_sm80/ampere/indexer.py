@@ -28,6 +28,8 @@ Imports nothing but torch (and, optionally, the Triton scorer in
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 INT64_MIN = -(2**63)
@@ -127,15 +129,21 @@ def keys_to_indices(keys: torch.Tensor) -> torch.Tensor:
     return torch.where(keys == INT64_MIN, torch.full_like(idx, -1), idx).to(torch.int32)
 
 
+def _cuda_indexer():
+    """``deepinfer_sm80.ops.indexer`` (the CUDA scorer and row top-k), or None without it."""
+    try:
+        from deepinfer_sm80.ops import indexer as cuda_indexer
+    except ImportError:
+        return None
+    return cuda_indexer
+
+
 def _cuda_row_topk(scorer: str, t: torch.Tensor, k: int) -> bool:
     """The extension's row top-k for ``scorer`` auto / cuda on CUDA tensors (k <= 1024)."""
     if scorer not in ("auto", "cuda") or not t.is_cuda:
         return False
-    try:
-        from deepinfer_sm80.ops import indexer as cuda_indexer
-    except ImportError:
-        return False
-    return cuda_indexer.row_topk_available(k)
+    cuda_indexer = _cuda_indexer()
+    return cuda_indexer is not None and cuda_indexer.row_topk_available(k)
 
 
 def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
@@ -185,8 +193,6 @@ def _use_triton(scorer: str, t: torch.Tensor) -> bool:
 def _scorer_choice(scorer: str) -> str:
     """``auto`` defers to $DEEPINFER_INDEXER_SCORER (auto | cuda | triton | torch)."""
     if scorer == "auto":
-        import os
-
         scorer = os.environ.get("DEEPINFER_INDEXER_SCORER", "auto") or "auto"
         if scorer not in ("auto", "cuda", "triton", "torch"):
             raise ValueError(f"DEEPINFER_INDEXER_SCORER={scorer!r}: use auto, cuda, triton or torch")
@@ -195,13 +201,10 @@ def _scorer_choice(scorer: str) -> str:
 
 def _use_cuda_paged(scorer: str, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """The CUDA paged scorer (``deepinfer_sm80.ops.indexer``) for ``scorer`` auto / cuda:
-    CUDA tensors, 16/32/64/128 heads of 128, 16-byte aligned pages, the extension built."""
+    CUDA tensors, 16/32/64 heads of 128, 16-byte aligned pages, the extension built."""
     if scorer not in ("auto", "cuda"):
         return False
-    try:
-        from deepinfer_sm80.ops import indexer as cuda_indexer
-    except ImportError:
-        cuda_indexer = None
+    cuda_indexer = _cuda_indexer()
     ok = (cuda_indexer is not None and q.is_cuda and kv_cache.is_cuda
           and cuda_indexer.supports(q.shape[-2], q.shape[-1])
           and kv_cache.stride(0) * kv_cache.element_size() % 16 == 0

@@ -16,6 +16,8 @@ Imports nothing but torch (and the extension when called).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from deepinfer_sm80.ops import _checks as C
@@ -31,8 +33,10 @@ def _ops():
     return _ext.ops()
 
 
+@functools.cache
 def available() -> bool:
-    """True when the extension loads and has this op."""
+    """True when the extension loads and has this op (asked once per process: decode calls
+    it every step)."""
     try:
         return hasattr(_ops(), "indexer_paged_keys")
     except (ImportError, OSError, RuntimeError):
@@ -109,12 +113,17 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
 ROW_TOPK_MAX_K = 1024
 
 
-def row_topk_available(k: int) -> bool:
-    """True when the extension has the row top-k op and ``k`` is within its limit."""
+@functools.cache
+def _has_row_topk() -> bool:
     try:
-        return 1 <= k <= ROW_TOPK_MAX_K and hasattr(_ops(), "row_topk_keys")
+        return hasattr(_ops(), "row_topk_keys")
     except (ImportError, OSError, RuntimeError):
         return False
+
+
+def row_topk_available(k: int) -> bool:
+    """True when the extension has the row top-k op and ``k`` is within its limit."""
+    return 1 <= k <= ROW_TOPK_MAX_K and _has_row_topk()
 
 
 def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
