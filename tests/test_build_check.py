@@ -9,6 +9,7 @@
   the software path of __nv_cvt_float_to_fp8 from cuda_fp8.hpp over a stride of all 2^32
   float bit patterns (needs nvcc).
 """
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -127,3 +128,41 @@ def test_gather_timeline_harness_compiles_and_hooks_stay_out(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     text = ptx.read_text()
     assert "gather_k_warp_kernel" in text and "globaltimer" not in text
+
+
+def test_link_names_torchs_shared_libstdcxx(tmp_path):
+    """The link line carries the libstdc++ torch runs with, so that a compiler whose -lstdc++
+    finds only libstdc++.a cannot put a second libstdc++ into _C.so (runtime_libstdcxx)."""
+    maps = ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+            "7f02-7f03 r-xp 0 08:01 2 /opt/x/lib/libstdc++.so.6.0.33\n"
+            "7f04-7f05 r-xp 0 08:01 3 /opt/x/lib/libstdc++fs.a.so.bak\n")
+    assert B.runtime_libstdcxx(maps) == "/opt/x/lib/libstdc++.so.6.0.33"
+    assert B.runtime_libstdcxx("7f00-7f01 r-xp 0 08:01 1 /lib/libc.so.6\n") is None
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "k.cu").write_text("")
+    for lib, want in (("/opt/x/lib/libstdc++.so.6", True), (None, False)):
+        tf = B.TorchFlags(["/inc"], ["/lib"], 1, "13.0", lib)
+        B.write_ninja(tmp_path / "bd", ["80"], [], csrc=csrc, tf=tf, nvcc=Path("/usr/local/cuda/bin/nvcc"))
+        ld = [ln for ln in (tmp_path / "bd" / "build.ninja").read_text().splitlines()
+              if ln.startswith("ldflags =")][0]
+        assert ("libstdc++.so.6" in ld) == want
+        if want:
+            assert ld.index("-lcudart") < ld.index("/opt/x/lib/libstdc++.so.6")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("readelf") is None,
+                    reason="needs g++ and readelf")
+def test_static_libstdcxx_copy_is_detected(tmp_path):
+    """carries_own_libstdcxx tells a library with its own static libstdc++ (what made every
+    failed TORCH_CHECK a segfault on the H200 box) from one that needs the shared one."""
+    src = tmp_path / "s.cpp"
+    src.write_text('#include <sstream>\n#include <string>\n'
+                   'std::string f(long x) { std::ostringstream o; o << x; return o.str(); }\n')
+    for flags, want in (([], False), (["-static-libstdc++"], True)):
+        lib = tmp_path / f"s{len(flags)}.so"
+        r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, str(src), "-o", str(lib)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"g++ cannot link this way here: {r.stderr[-200:]}")
+        assert B.carries_own_libstdcxx(lib) is want, flags

@@ -210,3 +210,57 @@ def test_indexer_scorer_choice(monkeypatch):
         I._scorer_choice("auto")
     monkeypatch.setenv("DEEPINFER_INDEXER_SCORER", "triton")
     assert I._scorer_choice("auto") == "triton" and I._scorer_choice("torch") == "torch"
+
+
+def _flat_args(rows=3, heads=32, nk=200):
+    return dict(q_u8=torch.zeros(rows, heads, 128, dtype=torch.uint8),
+                w=torch.zeros(rows, heads), col0=5, n_cols=128,
+                lo=torch.zeros(rows, dtype=torch.int32), hi=torch.full((rows,), 100, dtype=torch.int32),
+                out=torch.empty(rows, 128, dtype=torch.int64),
+                k_codes=torch.zeros(nk, 128, dtype=torch.uint8), k_scale=torch.ones(nk, 1))
+
+
+def test_indexer_flat_scorer_valid_reaches_op(rec):
+    kw = _flat_args()
+    kw["k_codes"] = kw["k_codes"].view(torch.float8_e4m3fn)
+    ops_indexer.indexer_flat_keys(**kw, chunk=2048, sm_count=108, smem_cap=101376)
+    name, args, _ = rec.calls[0]
+    assert name == "indexer_flat_keys"
+    k, ks = args[3], args[4]
+    assert k.dtype == torch.uint8 and k.data_ptr() == kw["k_codes"].data_ptr()  # a view
+    assert ks.shape == (200,) and ks.dtype == torch.float32
+    assert args[7:] == (5, 128, 2048, 108, 101376)
+
+
+@pytest.mark.parametrize("arg,value,match", [
+    ("q_u8", torch.zeros(3, 8, 128, dtype=torch.uint8), "heads in"),
+    ("q_u8", torch.zeros(3, 128, 32, dtype=torch.uint8).transpose(1, 2), "contiguous"),
+    ("w", torch.zeros(3, 32, dtype=torch.float16), "weights must be torch.float32"),
+    ("out", torch.empty(3, 128, dtype=torch.int32), "out must be torch.int64"),
+    ("k_codes", torch.zeros(200, 64, dtype=torch.uint8), r"k_codes must be \[Nk, 128\]"),
+    ("k_codes", torch.zeros(200, 256, dtype=torch.uint8)[:, ::2], "contiguous rows"),
+    ("k_codes", torch.zeros(200, 128, dtype=torch.float16), "must hold e4m3 codes"),
+    ("k_codes", torch.zeros(200 * 128, dtype=torch.uint8), "k_codes must be"),
+    ("k_scale", torch.ones(199), "k_scale has 199 entries for 200"),
+    ("k_scale", torch.ones(200, dtype=torch.float64), "k_scale must be torch.float32"),
+    ("lo", torch.zeros(2, dtype=torch.int32), "lo has 2 entries"),
+    ("chunk", 100, "chunk must be 0 or a positive multiple of 64"),
+    ("n_cols", -3, "col0 and n_cols must be >= 0"),
+])
+def test_indexer_flat_scorer_rejects(rec, arg, value, match):
+    kw = _flat_args()
+    kw[arg] = value
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops_indexer.indexer_flat_keys(**kw)
+    assert not rec.calls
+
+
+def test_indexer_flat_scorer_choice():
+    from deepinfer_sm80.ampere import indexer as I
+
+    q = torch.zeros(4, 64, 128, dtype=torch.uint8)
+    k = torch.zeros(10, 128, dtype=torch.uint8)
+    assert I._use_cuda_flat("auto", q, k) is False  # CPU tensors: never the CUDA scorer
+    assert I._use_cuda_flat("torch", q, k) is False
+    with pytest.raises(ValueError, match="scorer='cuda' needs CUDA tensors"):
+        I._use_cuda_flat("cuda", q, k)

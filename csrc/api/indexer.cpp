@@ -1,5 +1,6 @@
-// Torch-facing op of the lightning indexer's paged decode scorer (argument checks + launch):
-//   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu)
+// Torch-facing ops of the lightning indexer's scorer (argument checks + launch):
+//   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu, paged cache)
+//   deepinfer_sm80::indexer_flat_keys  (out variant; the same kernel over a flat workspace)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
 #include "api/api_utils.h"
 #include "index/index_kernels.h"
@@ -90,6 +91,85 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   api::check_launch();
 }
 
+// The prefill form: K from the gathered workspace (k_codes uint8 [Nk, 128], k_scale fp32 [Nk]);
+// row r sees global columns [lo[r], hi[r]); columns at or past Nk are never read.
+void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
+                       const at::Tensor& k_codes, const at::Tensor& k_scale, const at::Tensor& lo,
+                       const at::Tensor& hi, int64_t col0, int64_t n_cols, int64_t chunk,
+                       int64_t sm_count, int64_t smem_cap) {
+  const at::Device dev = q.device();
+  api::check_cuda(q, "q", dev);
+  api::check_dtype(q, "q", at::kByte);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 128 && q.is_contiguous(),
+              "q must be contiguous uint8 [rows, heads, 128], got ", q.sizes());
+  const int64_t rows = q.size(0), heads = q.size(1);
+  TORCH_CHECK(heads == 16 || heads == 32 || heads == 64, "heads must be 16, 32 or 64, got ", heads);
+  TORCH_CHECK(rows <= INT32_MAX, "too many rows: ", rows);
+  TORCH_CHECK(api::aligned16(q.data_ptr()), "q must be 16-byte aligned");
+  api::check_cuda(w, "weights", dev);
+  api::check_dtype(w, "weights", at::kFloat);
+  TORCH_CHECK(w.dim() == 2 && w.size(0) >= rows && w.size(1) == heads && w.is_contiguous(),
+              "weights must be contiguous fp32 [>= rows, heads]");
+  api::check_cuda(k_codes, "k_codes", dev);
+  api::check_dtype(k_codes, "k_codes", at::kByte);
+  TORCH_CHECK(k_codes.dim() == 2 && k_codes.size(1) == 128 && k_codes.stride(1) == 1,
+              "k_codes must be uint8 [Nk, 128] with contiguous rows, got ", k_codes.sizes());
+  TORCH_CHECK(k_codes.size(0) <= 1 || k_codes.stride(0) % 16 == 0,
+              "k_codes rows must be 16-byte aligned (row stride ", k_codes.stride(0), " bytes)");
+  TORCH_CHECK(api::aligned16(k_codes.data_ptr()), "k_codes must start at a 16-byte aligned address");
+  api::check_cuda(k_scale, "k_scale", dev);
+  api::check_dtype(k_scale, "k_scale", at::kFloat);
+  TORCH_CHECK(k_scale.dim() == 1 && k_scale.is_contiguous() && k_scale.size(0) >= k_codes.size(0),
+              "k_scale must be contiguous fp32 [>= Nk]");
+  check_i32_vec(lo, "lo", dev, rows);
+  check_i32_vec(hi, "hi", dev, rows);
+  TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX,
+              "columns [col0, col0 + n_cols) must lie in [0, 2^31)");
+  api::check_cuda(out, "out", dev);
+  api::check_dtype(out, "out", at::kLong);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) >= rows && out.size(1) >= n_cols && out.stride(1) == 1,
+              "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
+  TORCH_CHECK(chunk <= 0 || (chunk % kIndexerKeysChunkStep == 0 && chunk <= INT32_MAX),
+              "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
+  if (chunk > 0) {
+    TORCH_CHECK((n_cols + chunk - 1) / chunk <= 65535, "n_cols=", n_cols, " with chunk=", chunk,
+                " needs more than 65535 column chunks; pass a larger chunk");
+  }
+  TORCH_CHECK(smem_cap >= 0, "smem_cap must be >= 0 (0 = the device's limit)");
+  if (rows == 0 || n_cols == 0) return;
+  c10::cuda::CUDAGuard guard(dev);
+  const DeviceLimits lim = api::limits(dev.index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
+  IndexerKeysParams p;
+  p.out = out.data_ptr<int64_t>();
+  p.out_stride0 = out.stride(0);
+  p.q = q.data_ptr<uint8_t>();
+  p.w = w.data_ptr<float>();
+  p.pages = nullptr;
+  p.page_stride = 0;
+  p.num_pages = 0;
+  p.block_table = nullptr;
+  p.bt_stride0 = p.bt_stride1 = 0;
+  p.num_reqs = 1;
+  p.max_blocks = 0;
+  p.row_req = nullptr;
+  p.lo = lo.data_ptr<int32_t>();
+  p.hi = hi.data_ptr<int32_t>();
+  p.rows = static_cast<int>(rows);
+  p.heads = static_cast<int>(heads);
+  p.col0 = static_cast<int>(col0);
+  p.n_cols = static_cast<int>(n_cols);
+  p.block_size = 0;  // the launcher's (flat mode has no pages)
+  p.chunk = static_cast<int>(chunk > 0 ? chunk : 0);
+  p.num_k = k_codes.size(0);
+  // an empty workspace may have no storage; k_codes != nullptr is what selects flat mode, and
+  // with num_k = 0 no column is read, so any valid address does
+  p.k_codes = p.num_k > 0 ? k_codes.data_ptr<uint8_t>() : q.data_ptr<uint8_t>();
+  p.k_stride = p.num_k <= 1 ? 128 : k_codes.stride(0);
+  p.k_scales = p.num_k > 0 ? k_scale.data_ptr<float>() : w.data_ptr<float>();
+  launch_indexer_keys(p, lim, api::stream());
+  api::check_launch();
+}
+
 void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) {
   const at::Device dev = keys.device();
   api::check_cuda(keys, "keys", dev);
@@ -123,11 +203,16 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
       "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
       "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
       "int block_size, int chunk=0, int sm_count=0, int smem_cap=0) -> ()");
+  m.def(
+      "indexer_flat_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor k_codes, "
+      "Tensor k_scale, Tensor lo, Tensor hi, int col0, int n_cols, int chunk=0, "
+      "int sm_count=0, int smem_cap=0) -> ()");
   m.def("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
   m.impl("indexer_paged_keys", &indexer_paged_keys);
+  m.impl("indexer_flat_keys", &indexer_flat_keys);
   m.impl("row_topk_keys", &row_topk_keys);
 }
 

@@ -65,7 +65,7 @@ struct CombineOneReqParams {
   FastDivU31 ratio_div;           // make_fast_div(ratio)
 };
 
-// Lightning-indexer paged decode scorer (indexer_keys.cu): int64 top-k keys of
+// Lightning-indexer scorer (indexer_keys.cu), paged (decode) or flat (prefill): int64 top-k keys of
 //   logit[row, c] = k_scale[c] * sum_h relu(q[row, h] . k[c]) * w[row, h]
 // for the call's columns c = col0 + i, 0 <= i < n_cols; INT64_MIN outside [lo[row], hi[row]).
 struct IndexerKeysParams {
@@ -91,6 +91,14 @@ struct IndexerKeysParams {
   int block_size;                 // columns per page
   FastDivU31 bs_div;              // set by the launcher
   int chunk;                      // columns per block (multiple of 64); <= 0: the launcher's
+  // Flat mode (the prefill workspace; k_codes != nullptr): column c is row c of k_codes
+  // ([num_k, 128] e4m3 codes, row stride k_stride bytes, a multiple of 16) with scale
+  // k_scales[c]; pages, block_table and row_req are not read, and columns at or past num_k
+  // are never read (they score 0, as a column of a missing page does in paged mode).
+  const uint8_t* k_codes = nullptr;
+  int64_t k_stride = 0;
+  const float* k_scales = nullptr;
+  int64_t num_k = 0;
 };
 
 constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles

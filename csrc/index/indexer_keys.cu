@@ -85,11 +85,19 @@ __device__ __forceinline__ const uint8_t* column_page(const IndexerKeysParams& p
 }
 
 // Where column lc (chunk-local; visible: [v0, v1)) keeps its 16-byte piece `part` of codes
-// (scale false) or its fp32 scale (scale true); nullptr for an invisible column or no page.
+// (scale false) or its fp32 scale (scale true); nullptr for an invisible column or no page
+// (flat mode: a column at or past num_k).
+template <bool kFlat>
 __device__ __forceinline__ const void* column_bytes(const IndexerKeysParams& p, const PageTable& pt,
                                                     int64_t base, int v0, int v1, int lc,
                                                     bool scale, int part) {
   if (lc < v0 || lc >= v1) return nullptr;
+  if constexpr (kFlat) {
+    const int64_t col = base + lc;
+    if (col >= p.num_k) return nullptr;
+    return scale ? static_cast<const void*>(p.k_scales + col)
+                 : static_cast<const void*>(p.k_codes + col * p.k_stride + part * 16);
+  }
   int slot;
   const uint8_t* page = column_page(p, pt, static_cast<int>(base + lc), slot);
   if (page == nullptr) return nullptr;
@@ -108,7 +116,8 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
 // NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64). kDiag (measurement only, wrong keys by
 // design; $DEEPINFER_INDEXER_DIAG): 1 = the tile stream without decode, MMA or epilogue (a
 // key from the loaded words), 2 = the math on whatever the ring holds, without the copies.
-template <int NT, int kStages, int kDiag = 0>
+// kFlat: K from the flat workspace (IndexerKeysParams::k_codes), no page table.
+template <int NT, int kStages, int kDiag = 0, bool kFlat = false>
 __global__ void __launch_bounds__(kWarps * 32)
 indexer_keys_kernel(const IndexerKeysParams p) {
   constexpr int kWarpRing = kStages * kTileBytes;
@@ -127,7 +136,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   const int ncols = min(p.chunk, p.n_cols - c_begin);
   int64_t* out = p.out + static_cast<int64_t>(row) * p.out_stride0 + c_begin;
 
-  const int req = p.row_req[row];
+  const int req = kFlat ? 0 : p.row_req[row];
   const int lo = p.lo[row];
   const int hi = p.hi[row];
   const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the chunk
@@ -135,7 +144,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   const int64_t lo_rel = static_cast<int64_t>(lo) - base, hi_rel = static_cast<int64_t>(hi) - base;
   const int v0 = static_cast<int>(lo_rel > 0 ? lo_rel : 0);
   const int v1 = static_cast<int>(hi_rel < ncols ? hi_rel : ncols);
-  if (req < 0 || req >= p.num_reqs || v0 >= v1) {
+  if ((!kFlat && (req < 0 || req >= p.num_reqs)) || v0 >= v1) {
     for (int i = tid; i < ncols; i += kWarps * 32) out[i] = kKeyMin;
     return;
   }
@@ -145,11 +154,12 @@ indexer_keys_kernel(const IndexerKeysParams p) {
     if (i < tile_first * kTileCols || i >= tile_end * kTileCols) out[i] = kKeyMin;
   }
 
-  // the page table of the visible columns, and the weights
+  // the page table of the visible columns (paged mode), and the weights
   PageTable pt;
   pt.ids = spage;
-  pt.first_blk = fast_div(static_cast<int>(base + v0), p.bs_div);
-  {
+  pt.first_blk = 0;
+  if constexpr (!kFlat) {
+    pt.first_blk = fast_div(static_cast<int>(base + v0), p.bs_div);
     const int n_blk = fast_div(static_cast<int>(base + v1 - 1), p.bs_div) - pt.first_blk + 1;
     for (int i = tid; i < n_blk; i += kWarps * 32) {
       const int blk = pt.first_blk + i;
@@ -169,6 +179,7 @@ indexer_keys_kernel(const IndexerKeysParams p) {
 
   // Tile j (chunk columns [16j, 16j + 16)) into ring slot `slot`: 128 16-byte pieces of codes
   // (4 per lane) and 16 4-byte scales (lanes 0-15); invisible columns are zero-filled.
+  const void* no_src = kFlat ? static_cast<const void*>(p.k_codes) : static_cast<const void*>(p.pages);
   auto load_tile = [&](int j, int slot) {
     if constexpr (kDiag == 2) return;
     uint8_t* dst = ring + slot * kTileBytes;
@@ -177,12 +188,12 @@ indexer_keys_kernel(const IndexerKeysParams p) {
       const int piece = lane + 32 * k;
       const int c = piece >> 3;
       const int part = piece & 7;
-      const void* src = column_bytes(p, pt, base, v0, v1, j * kTileCols + c, false, part);
-      cp_async_16(smem_u32(dst + c * kD + ((part ^ (c & 1)) << 4)), src ? src : p.pages, src ? 16 : 0);
+      const void* src = column_bytes<kFlat>(p, pt, base, v0, v1, j * kTileCols + c, false, part);
+      cp_async_16(smem_u32(dst + c * kD + ((part ^ (c & 1)) << 4)), src ? src : no_src, src ? 16 : 0);
     }
     if (lane < kTileCols) {
-      const void* src = column_bytes(p, pt, base, v0, v1, j * kTileCols + lane, true, 0);
-      cp_async_4(smem_u32(dst + kTileCodeBytes + 4 * lane), src ? src : p.pages, src ? 4 : 0);
+      const void* src = column_bytes<kFlat>(p, pt, base, v0, v1, j * kTileCols + lane, true, 0);
+      cp_async_4(smem_u32(dst + kTileCodeBytes + 4 * lane), src ? src : no_src, src ? 4 : 0);
     }
   };
 
@@ -315,17 +326,38 @@ int indexer_keys_chunk(int rows, int n_cols, int block_size, int resident_blocks
   return static_cast<int>(chunk);
 }
 
-template <int NT, int kStages, int kDiag = 0>
+// Flat mode (prefill: many rows over one workspace): chunks of at least kFlatMinChunk columns,
+// so that a block's four Q-fragment decodes (about two tiles' work each) stay under a tenth
+// of its work, and at least kFlatWaves waves of blocks, so that the last, partial wave is a
+// small share of the call on any SM count.
+constexpr int kFlatMinChunk = 2048;
+constexpr int kFlatWaves = 4;
+
+int indexer_flat_chunk(int rows, int n_cols, int resident_blocks) {
+  const int64_t step = kIndexerKeysChunkStep;
+  const int64_t r = rows > 0 ? rows : 1;
+  int64_t per_row = (static_cast<int64_t>(kFlatWaves) * resident_blocks + r - 1) / r;
+  if (per_row < 1) per_row = 1;
+  int64_t chunk = (static_cast<int64_t>(n_cols) + per_row - 1) / per_row;
+  if (chunk < kFlatMinChunk) chunk = kFlatMinChunk;
+  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
+  if (chunk < min_chunk) chunk = min_chunk;
+  chunk = (chunk + step - 1) / step * step;
+  const int64_t all = (static_cast<int64_t>(n_cols) + step - 1) / step * step;
+  return static_cast<int>(chunk < all ? chunk : all);
+}
+
+template <int NT, int kStages, int kDiag = 0, bool kFlat = false>
 int blocks_per_sm(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT, kStages, kDiag>, kWarps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_keys_kernel<NT, kStages, kDiag, kFlat>, kWarps * 32, smem) !=
           cudaSuccess || n <= 0) {
     n = 1;
   }
   return n;
 }
 
-template <int NT, int kStages, int kDiag = 0>
+template <int NT, int kStages, int kDiag = 0, bool kFlat = false>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
   // $DEEPINFER_INDEXER_SMEM_PAD = bytes (measurement knob): unused dynamic shared memory, so
   // that fewer blocks are resident per SM
@@ -333,7 +365,7 @@ void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream
     const int b = knob_int("DEEPINFER_INDEXER_SMEM_PAD", 0);
     return b > 0 ? b : 0;
   }();
-  auto* kernel = indexer_keys_kernel<NT, kStages, kDiag>;
+  auto* kernel = indexer_keys_kernel<NT, kStages, kDiag, kFlat>;
   static const bool opted_in = [&] {  // dynamic shared memory beyond 48 KB (the 8-stage ring)
     int dev = 0, cap = 0;
     cudaGetDevice(&dev);
@@ -343,23 +375,24 @@ void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream
   (void)opted_in;
   if (p.chunk <= 0) {
     static const int per_sm =
-        blocks_per_sm<NT, kStages, kDiag>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20, kStages) + pad);
-    p.chunk = indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
+        blocks_per_sm<NT, kStages, kDiag, kFlat>(indexer_keys_smem_bytes(kIndexerKeysChunkStep, 1 << 20, kStages) + pad);
+    p.chunk = kFlat ? indexer_flat_chunk(p.rows, p.n_cols, lim.sm_count * per_sm)
+                    : indexer_keys_chunk(p.rows, p.n_cols, p.block_size, lim.sm_count * per_sm);
   }
   const int smem = indexer_keys_smem_bytes(p.chunk, p.block_size, kStages) + pad;
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
-template <int NT, int kDiag = 0>
+template <int NT, int kDiag = 0, bool kFlat = false>
 void launch_ring(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   // 8 stages where two such blocks fit the per-block shared-memory limit (SM80 163 KB,
   // SM90 227 KB), else 4 (SM86 99 KB; an explicit cap, e.g. the op's smem_cap, counts)
   const int big = indexer_keys_smem_bytes(kIndexerKeysChunkStep, p.block_size, kRingLarge);
   if (2 * big <= lim.max_dynamic_smem) {
-    launch_nt<NT, kRingLarge, kDiag>(p, lim, stream);
+    launch_nt<NT, kRingLarge, kDiag, kFlat>(p, lim, stream);
   } else {
-    launch_nt<NT, kRingSmall, kDiag>(p, lim, stream);
+    launch_nt<NT, kRingSmall, kDiag, kFlat>(p, lim, stream);
   }
 }
 
@@ -368,6 +401,17 @@ void launch_ring(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream
 void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& lim, cudaStream_t stream) {
   if (params.rows <= 0 || params.n_cols <= 0) return;
   IndexerKeysParams p = params;
+  if (p.k_codes != nullptr) {  // flat mode: no pages (block_size only sizes the page table: none)
+    p.block_size = 1 << 20;
+    p.bs_div = make_fast_div(p.block_size);
+    switch (p.heads) {
+      case 16: launch_ring<2, 0, true>(p, lim, stream); break;
+      case 32: launch_ring<4, 0, true>(p, lim, stream); break;
+      case 64: launch_ring<8, 0, true>(p, lim, stream); break;
+      default: break;
+    }
+    return;
+  }
   p.bs_div = make_fast_div(p.block_size);
   static const int diag = knob_int("DEEPINFER_INDEXER_DIAG", 0);
   if (diag == 1 && p.heads == 64) return launch_ring<8, 1>(p, lim, stream);

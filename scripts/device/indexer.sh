@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# The lightning indexer's CUDA paged decode scorer on the GPU, from the GPU bundle
-# (`make apply && make gpu-bundle`, carried at dist/): build the extension (SM80 code from
-# compute_80 PTX as sm_90 SASS), run its GPU tests and the indexer/layer tests that go through
-# decode_topk, then bench/bench_indexer_keys.py (Triton scorer baseline in the same run).
-#   bash scripts/device/indexer.sh [quick]
+# The lightning indexer's CUDA scorer (paged decode and flat prefill) on the GPU, from the GPU
+# bundle (`make apply && make gpu-bundle`, carried at dist/): build the extension (SM80 code
+# from compute_80 PTX as sm_90 SASS), run its GPU tests and the indexer/layer tests that go
+# through decode_topk / prefill_topk, then the benches (Triton scorer baselines in the same run):
+# bench/bench_indexer_keys.py (decode) and bench/bench_indexer_prefill.py (prefill).
+#   [INDEXER_BENCHES="keys prefill"] bash scripts/device/indexer.sh [quick]
 set -uo pipefail
 source "$(dirname "$0")/bundle_env.sh" indexer
 t0=$SECONDS
-$PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_row_topk.py \
+$PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py tests/gpu/test_row_topk.py \
   tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
-t0=$SECONDS
 ARGS=(); [ "${1:-}" = quick ] && ARGS=(--quick)
-DEEPINFER_BENCH_COMMAND="bash scripts/device/indexer.sh ${1:-}" \
-  $PY bench/bench_indexer_keys.py "${ARGS[@]}" > "$OUT/bench.log" 2>&1 || rc=1
-grep -E "^\||PASS|FAIL|copy" "$OUT/bench.log" | head -60
-echo "=== bench ($((SECONDS - t0)) s)"
+for b in ${INDEXER_BENCHES:-keys prefill}; do
+  t0=$SECONDS
+  DEEPINFER_BENCH_COMMAND="bash scripts/device/indexer.sh ${1:-}" \
+    $PY bench/bench_indexer_$b.py "${ARGS[@]}" > "$OUT/bench-$b.log" 2>&1 || rc=1
+  grep -E "^\||PASS|FAIL|copy" "$OUT/bench-$b.log" | head -70
+  echo "=== bench $b ($((SECONDS - t0)) s)"
+done
 cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
-find bench/results -name 'bench_indexer_keys*.json' -exec cp {} "$RES/" \;
+find bench/results -name 'bench_indexer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
 echo "indexer.sh rc=$rc"; exit $rc

@@ -136,6 +136,30 @@ class TorchFlags:
     lib_dirs: list[str]
     cxx11_abi: int
     cuda_version: str
+    # the shared libstdc++ torch runs with (None: not found); linked explicitly, see
+    # runtime_libstdcxx
+    libstdcxx: str | None = None
+
+
+def runtime_libstdcxx(maps: str | None = None) -> str | None:
+    """Path of the shared libstdc++ this process has loaded (after importing torch: the one
+    torch runs with), from /proc/self/maps; None where there is none or no /proc.
+
+    The extension must link against it, not against a static libstdc++: a compiler whose
+    `-lstdc++` finds only libstdc++.a (e.g. a GCC built without shared libraries, as CXX on
+    the H200 box of 2026-12-01) copies its own libstdc++ into _C.so, and that copy's
+    iostreams, never initialised in the process, crash the first time a TORCH_CHECK formats
+    its message: every failed argument check became a segfault instead of a RuntimeError."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if re.search(r"/libstdc\+\+\.so(\.\d+)*$", path):
+            return path
+    return None
 
 
 def torch_flags() -> TorchFlags:
@@ -162,7 +186,22 @@ def torch_flags() -> TorchFlags:
         inc = ce.include_paths(cuda=True)
         libs = ce.library_paths(cuda=True)
     return TorchFlags(list(inc), list(libs), int(torch._C._GLIBCXX_USE_CXX11_ABI),
-                      str(torch.version.cuda))
+                      str(torch.version.cuda), runtime_libstdcxx())
+
+
+def carries_own_libstdcxx(lib: Path) -> bool | None:
+    """True when ``lib`` defines libstdc++'s iostream internals without needing the shared
+    libstdc++ (a static copy: see runtime_libstdcxx); None where readelf / nm are missing."""
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if readelf is None or nm is None:
+        return None
+    dyn = subprocess.run([readelf, "-d", str(lib)], capture_output=True, text=True)
+    if dyn.returncode != 0:
+        return None
+    if re.search(r"NEEDED.*\[libstdc\+\+\.so", dyn.stdout):
+        return False
+    syms = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    return "_ZNSo9_M_insert" in syms.stdout or "St8ios_base4Init" in syms.stdout
 
 
 def _obj_name(src: Path, csrc: Path) -> str:
@@ -201,6 +240,8 @@ def write_ninja(build_dir: Path, archs: list[str], extra_gencode: list[str],
         cxx_flags.append(f"-isystem{py_inc}")
     ldflags = [*[f"-L{p}" for p in tf.lib_dirs], f"-L{home / 'lib64'}",
                "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda", "-lcudart"]
+    if tf.libstdcxx:  # before the compiler's own -lstdc++: resolves libstdc++ to torch's
+        ldflags.append(tf.libstdcxx)
     lines = [
         "ninja_required_version = 1.3",
         f"nvcc = {shlex.quote(str(nvcc))}",
@@ -279,6 +320,14 @@ def build(archs: list[str], targets: list[Path], build_dir: Path | None = None,
     if res.returncode != 0:
         raise DeepinferError("extension build failed (compiler output above)",
                              hint=f"rerun with -v, or inspect {build_dir / 'build.ninja'}")
+    if carries_own_libstdcxx(lib):
+        raise DeepinferError(
+            f"{lib} carries a static copy of libstdc++ (the compiler "
+            f"{os.environ.get('CXX', 'c++')} linked libstdc++.a): its failed argument checks "
+            "would crash the process instead of raising",
+            hint="build with a compiler that links the shared libstdc++ (e.g. CXX=/usr/bin/g++), "
+                 "or run the build from the Python that has torch installed (its libstdc++ is "
+                 "then linked explicitly)")
     installed = []
     for t in targets:
         pkg = Path(t) / PACKAGE if Path(t).name != PACKAGE else Path(t)

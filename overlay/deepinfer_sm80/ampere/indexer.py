@@ -17,9 +17,9 @@ Two entry points, both writing request-local indices (-1 = none):
   page), row (b, i) sees compressed positions [0, ctx[b, i]); static shapes
   only (no host sync), so it can run under CUDA-graph capture.
 
-Scorers: on CUDA tensors the decode scoring takes the CUDA kernel of
-``deepinfer_sm80.ops.indexer`` (16/32/64 heads, the extension built), else the fused
-Triton scorer (``indexer_triton``); on CPU torch. ``scorer=`` or
+Scorers: on CUDA tensors both steps take the CUDA kernel of ``deepinfer_sm80.ops.indexer``
+(decode: the paged cache; prefill: the flat workspace; 16/32/64 heads, the extension built),
+else the fused Triton scorer (``indexer_triton``); on CPU torch. ``scorer=`` or
 $DEEPINFER_INDEXER_SCORER (auto | cuda | triton | torch) chooses.
 
 Imports nothing but torch (and, optionally, the Triton scorer in
@@ -215,6 +215,24 @@ def _use_cuda_paged(scorer: str, q: torch.Tensor, kv_cache: torch.Tensor) -> boo
     return ok
 
 
+def _use_cuda_flat(scorer: str, q: torch.Tensor, k_fp8: torch.Tensor) -> bool:
+    """The CUDA flat (prefill) scorer for ``scorer`` auto / cuda: CUDA tensors, 16/32/64 heads
+    of 128, a [Nk, 128] byte workspace with 16-byte aligned rows, the extension built."""
+    if scorer not in ("auto", "cuda"):
+        return False
+    cuda_indexer = _cuda_indexer()
+    ok = (cuda_indexer is not None and q.is_cuda and k_fp8.is_cuda and k_fp8.dim() == 2
+          and k_fp8.element_size() == 1 and cuda_indexer.supports(q.shape[-2], q.shape[-1])
+          and k_fp8.shape[1] == q.shape[-1] and k_fp8.stride(1) == 1
+          and (k_fp8.shape[0] <= 1 or k_fp8.stride(0) % 16 == 0)
+          and k_fp8.data_ptr() % 16 == 0 and cuda_indexer.flat_available())
+    if scorer == "cuda" and not ok:
+        raise ValueError("scorer='cuda' needs CUDA tensors, heads in (16, 32, 64) of 128, a "
+                         "[Nk, 128] byte K workspace with 16-byte aligned rows and the built "
+                         "extension (make build)")
+    return ok
+
+
 def _tile_cols(rows: int, heads: int, budget: int, lo: int = 64) -> int:
     return max(lo, budget // max(1, rows * heads))
 
@@ -248,12 +266,17 @@ def prefill_topk(
     ks_all = cu_seqlen_ks.to(torch.int64)
     ke_all = cu_seqlen_ke.to(torch.int64)
     scorer = _scorer_choice(scorer)
-    fused = _use_triton(scorer, q_fp8)
+    cuda_flat = _use_cuda_flat(scorer, q_fp8, k_fp8)
+    fused = cuda_flat or _use_triton(scorer, q_fp8)
     cuda_topk = fused and _cuda_row_topk(scorer, q_fp8, topk)
     if fused:
-        from .indexer_triton import mqa_logits_tile
+        if cuda_flat:
+            from deepinfer_sm80.ops.indexer import indexer_flat_keys as score_keys
+        else:
+            from .indexer_triton import mqa_logits_tile as score_keys
 
         q_u8 = q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8
+        q_u8 = q_u8.contiguous()
         k_u8 = k_fp8.view(torch.uint8) if k_fp8.dtype != torch.uint8 else k_fp8
         ks32 = cu_seqlen_ks.to(torch.int32).contiguous()
         ke32 = cu_seqlen_ke.to(torch.int32).contiguous()
@@ -277,9 +300,14 @@ def prefill_topk(
         for t0 in range(c0, max(c1, c0 + 1), tile):
             t1 = min(max(c1, c0 + 1), t0 + tile)
             if fused:
-                keys = mqa_logits_tile(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
-                                       lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
-                                       k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
+                if cuda_flat:
+                    keys = score_keys(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
+                                      lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
+                                      k_codes=k_u8, k_scale=k_scale)[:, : t1 - t0]
+                else:
+                    keys = score_keys(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
+                                      lo=ks32[r0:r1], hi=ke32[r0:r1], out=buf,
+                                      k_flat=k_u8, k_scale=k_scale)[:, : t1 - t0]
             else:
                 k = dequant_fp8(k_fp8[t0:t1]).unsqueeze(0)
                 logits = score_tile(q, w, k, k_scale[t0:t1].unsqueeze(0))

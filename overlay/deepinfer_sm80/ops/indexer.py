@@ -1,4 +1,5 @@
-"""SM80 CUDA scorer of the lightning indexer's paged decode step (needs the built extension).
+"""SM80 CUDA scorer of the lightning indexer (needs the built extension): the paged decode step
+and the prefill step over the gathered workspace.
 
 :func:`indexer_paged_keys` is the CUDA form of the Triton scorer's paged key mode
 (``deepinfer_sm80.ampere.indexer_triton.mqa_logits_tile`` with ``pages=`` and an int64
@@ -10,6 +11,10 @@
 INT64_MIN outside ``[lo[row], hi[row])``. Q and K are e4m3 codes decoded exactly; the dot
 products accumulate in fp32 on the tensor cores (csrc/index/indexer_keys.cu). Heads must be
 16, 32 or 64 (:func:`supports`).
+
+:func:`indexer_flat_keys` is the same kernel over a flat workspace, the CUDA form of the Triton
+scorer's flat key mode (``mqa_logits_tile`` with ``k_flat=`` / ``k_scale=``): column ``c`` is row
+``c`` of ``k_codes`` with scale ``k_scale[c]`` (the prefill step's gathered index K).
 
 Imports nothing but torch (and the extension when called).
 """
@@ -110,6 +115,67 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     return out
 
 
+@functools.cache
+def flat_available() -> bool:
+    """True when the extension loads and has the flat (prefill) scorer."""
+    try:
+        return hasattr(_ops(), "indexer_flat_keys")
+    except (ImportError, OSError, RuntimeError):
+        return False
+
+
+def _codes_u8(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.element_size() != 1:
+        raise TypeError(f"{name} must hold e4m3 codes (uint8 / float8_e4m3fn), got {t.dtype}")
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
+                      lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
+                      k_codes: torch.Tensor, k_scale: torch.Tensor, chunk: int = 0,
+                      sm_count: int | None = None, smem_cap: int | None = None) -> torch.Tensor:
+    """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
+    (int64); returns ``out``. As :func:`indexer_paged_keys`, but K is the flat workspace:
+    ``k_codes`` [Nk, 128] e4m3 codes (uint8 or float8_e4m3fn; rows contiguous, 16-byte aligned)
+    and ``k_scale`` fp32 [Nk]; ``lo`` / ``hi`` int32 [rows] are global columns. Columns at or
+    past Nk are never read: a visible one scores 0. ``chunk``: columns per block (a multiple
+    of 64; 0: at least 2,048 and at least four waves of blocks on the SM count)."""
+    C.cuda_tensor(q_u8, "q")
+    dev = q_u8.device
+    C.dtype(q_u8, "q", torch.uint8)
+    C.dim(q_u8, "q", 3, "[rows, heads, 128]")
+    rows, heads, d = q_u8.shape
+    if not supports(heads, d):
+        raise ValueError(f"q is [rows, {heads}, {d}]: the CUDA scorer takes heads in {HEADS} "
+                         f"and head_dim {HEAD_DIM} (use the Triton scorer otherwise)")
+    if not q_u8.is_contiguous():
+        raise ValueError("q must be contiguous (pass .contiguous())")
+    C.cuda_tensor(w, "weights", dev)
+    C.dtype(w, "weights", torch.float32)
+    C.cuda_tensor(out, "out", dev)
+    C.dtype(out, "out", torch.int64)
+    C.cuda_tensor(k_codes, "k_codes", dev)
+    k_codes = _codes_u8(k_codes, "k_codes")
+    C.dim(k_codes, "k_codes", 2, "[Nk, 128]")
+    if k_codes.shape[1] != HEAD_DIM or (k_codes.shape[0] > 1 and k_codes.stride(1) != 1):
+        raise ValueError(f"k_codes must be [Nk, {HEAD_DIM}] with contiguous rows, got shape "
+                         f"{tuple(k_codes.shape)} strides {k_codes.stride()}")
+    C.cuda_tensor(k_scale, "k_scale", dev)
+    C.dtype(k_scale, "k_scale", torch.float32)
+    k_scale = k_scale.reshape(-1)
+    if k_scale.shape[0] < k_codes.shape[0]:
+        raise ValueError(f"k_scale has {k_scale.shape[0]} entries for {k_codes.shape[0]} K rows")
+    for t, name in ((lo, "lo"), (hi, "hi")):
+        C.vector(t, name, dev, torch.int32, rows)
+    if col0 < 0 or n_cols < 0:
+        raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
+    if chunk and (chunk % CHUNK_STEP or chunk < 0):
+        raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
+    _ops().indexer_flat_keys(out, q_u8, w, k_codes, k_scale.contiguous(), lo, hi, int(col0),
+                             int(n_cols), int(chunk), int(sm_count or 0), int(smem_cap or 0))
+    return out
+
+
 ROW_TOPK_MAX_K = 1024
 
 
@@ -145,5 +211,5 @@ def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -
     return out
 
 
-__all__ = ["indexer_paged_keys", "available", "supports", "flat_pages", "row_topk_keys",
-           "row_topk_available"]
+__all__ = ["indexer_paged_keys", "indexer_flat_keys", "available", "flat_available", "supports",
+           "flat_pages", "row_topk_keys", "row_topk_available"]
