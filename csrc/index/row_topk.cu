@@ -9,7 +9,10 @@
 // row from global memory (the scorer has just written it, so from L2); once at most kCand
 // remain, they are copied to shared memory and the remaining passes run there. The k-th
 // largest key T is then known exactly: every key above T is selected, and copies of T fill the
-// rest (T repeats only as INT64_MIN). The k keys are sorted in shared memory (bitonic) and
+// rest (T repeats only as INT64_MIN). A pass whose chosen byte holds exactly the keys still
+// needed ends the select early: the k keys are then those at or above the prefix (for the
+// indexer's keys, whose high half is the score, usually after 3-4 of the 8 passes). The k keys
+// are sorted in shared memory (bitonic) and
 // written. Deterministic: the result is a function of the multiset of keys.
 #include <cuda_runtime.h>
 
@@ -90,6 +93,7 @@ row_topk_kernel(const RowTopkParams p) {
 
   uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
   int fill;           // copies of thr to add
+  bool at_least = false;  // select the keys >= thr instead (no copies): see the early exit
   if (n <= k) {
     thr = 0;          // INT64_MIN: every key is above or equal; pad with INT64_MIN
     fill = 0;
@@ -126,6 +130,15 @@ row_topk_kernel(const RowTopkParams p) {
       const uint64_t d = static_cast<uint64_t>(s_digit);
       const int count = s_count;
       const uint64_t dmask = uint64_t{255} << shift;
+      if (count == need) {
+        // Early exit: every key with this prefix is wanted, so the k keys are exactly those
+        // whose masked bits are >= the prefix, i.e. (the lower bits of the prefix being 0)
+        // the keys u >= prefix. Uniform: need and count come from shared memory.
+        prefix |= d << shift;
+        at_least = true;
+        need = 0;
+        break;
+      }
       // narrow the candidates to byte d
       if (in_smem) {
         if (tid == 0) s_n = 0;
@@ -169,7 +182,7 @@ row_topk_kernel(const RowTopkParams p) {
   __syncthreads();
   for (int i = tid; i < n; i += kThreads) {
     const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
-    if (n <= k ? true : u > thr) sel[atomicAdd(&s_n, 1)] = u;
+    if (n <= k ? true : (at_least ? u >= thr : u > thr)) sel[atomicAdd(&s_n, 1)] = u;
   }
   __syncthreads();
   const int above = s_n;

@@ -18,7 +18,9 @@
 # --quick (gather 1 x 49,152 and 4 x 12,288, combine T=1536 cold and L2-warm; AB_ONLY=gather
 # or combine: that kernel only; AB_CACHE_ARGS: more bench_cache.py arguments, e.g. --all-shapes)
 # for base, new and AB_ENVS; AB_BASELINES=1: then once more for
-# the new build with upstream's and the portable Triton baselines.
+# the new build with upstream's and the portable Triton baselines. AB_BENCH=topk: the row
+# top-k's and indexer's GPU tests on the new build, then AB_ROUNDS interleaved rounds of
+# bench/ab_row_topk.py (the row top-k alone) for base and new.
 set -uo pipefail
 if [ "${1:-}" = --pack ]; then
   mkdir -p dist && git archive --format=tar.gz -o dist/ab-base-csrc.tar.gz "${2:?base ref}" csrc \
@@ -42,6 +44,20 @@ cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || exit 1
 rm -rf csrc && mv csrc-new csrc
 echo "=== base build ok ($((SECONDS - t0)) s)"
 export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+if [ "${AB_BENCH:-attention}" = topk ]; then
+  timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py \
+    > "$OUT/tests-topk.log" 2>&1 || rc=1
+  echo "row top-k / indexer tests (new): $(tail -1 "$OUT/tests-topk.log")"
+  for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+    for v in base new; do
+      ab_variant "$v"
+      DEEPINFER_SM80_EXT=$so timeout 150 $PY bench/ab_row_topk.py --label "$name" \
+        > "$OUT/ab_topk_${name}_$r.log" 2>&1 || rc=1
+      echo "--- $name round $r"; grep -E "^row_topk|Error" "$OUT/ab_topk_${name}_$r.log"
+    done
+  done
+  echo "ab.sh rc=$rc"; exit $rc
+fi
 if [ "${AB_BENCH:-attention}" = cache ]; then
   timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_cache_kernels.py tests/gpu/test_index_kernels.py \
     > "$OUT/tests-cache.log" 2>&1 || rc=1

@@ -76,6 +76,44 @@ def test_many_int64_min_and_threshold_inside_them(rng):
     _check(_keys(s, valid), 1024)
 
 
+def _raw_keys(msb_first: torch.Tensor) -> torch.Tensor:
+    """int64 keys from the bytes [..., 8] of their unsigned form (the kernel's key ^ 2^63),
+    most significant first."""
+    le = msb_first.flip(-1).contiguous()
+    le[..., 7] ^= 0x80
+    return le.view(torch.int64).squeeze(-1)
+
+
+@pytest.mark.parametrize("pos", [0, 2, 3, 4, 7])
+@pytest.mark.parametrize("above", [0, 100])
+def test_select_decided_at_one_byte(rng, pos, above):
+    """Keys whose k largest are decided at byte ``pos`` (0 = most significant): every key of a
+    row shares the bytes before it, ``above`` keys carry 250 there, k - above carry 200 and the
+    rest less, the bytes after it are random. The select can stop at that byte (early exit);
+    the rows are long enough that the first passes read global memory (20,000) or short enough
+    that they run in shared memory (2,048)."""
+    k = 512
+    for n in (2048, 20000):
+        b = torch.randint(0, 256, (3, n, 8), generator=rng, dtype=torch.uint8)
+        common = torch.randint(0, 256, (3, 1, 8), generator=rng, dtype=torch.uint8)
+        b[:, :, :pos] = common[:, :, :pos]
+        digit = torch.randint(0, 200, (3, n), generator=rng, dtype=torch.uint8)
+        perm = torch.argsort(torch.rand(3, n, generator=rng), dim=1)
+        digit.scatter_(1, perm[:, :above], 250)
+        digit.scatter_(1, perm[:, above:k], 200)
+        b[:, :, pos] = digit
+        _check(_raw_keys(b).to(DEV), k)
+
+
+def test_exactly_k_keys_not_int64_min(rng):
+    k = 512
+    s = torch.randn(2, 9000, generator=rng).to(DEV)
+    valid = torch.zeros_like(s, dtype=torch.bool)
+    valid[0, :k] = True
+    valid[1, 4000:4000 + k] = True
+    _check(_keys(s, valid), k)
+
+
 def test_strided_rows_and_long_rows(rng):
     wide = torch.randn(4, 3000, generator=rng).to(DEV)
     keys = _keys(wide)[:, 100:2600]  # row stride 3000
