@@ -36,7 +36,8 @@ class PerChunkReads:
 
     def __getitem__(self, i):
         r0 = i * self.rc
-        return int(self.ks[r0:r0 + self.rc].min()), int(self.ke[r0:r0 + self.rc].max())
+        ks, ke = self.ks[r0:r0 + self.rc], self.ke[r0:r0 + self.rc]
+        return int(ks.min()), int(ke.max()), int((ke - ks).clamp(min=0).max())
 
 
 def main():

@@ -58,13 +58,13 @@ def test_prefill_topk_matches_oracle_sets(row_chunk, budget):
 
 @pytest.mark.parametrize("T,row_chunk", [(1, 256), (255, 256), (256, 256), (257, 256), (1000, 7)])
 def test_chunk_column_spans_are_each_chunks_min_and_max(T, row_chunk):
-    """prefill_topk's column span per row chunk, read back in one copy: (min ks, max ke) of
-    each chunk, the last (partial) chunk included; int32 or int64 bounds."""
+    """prefill_topk's column span per row chunk, read back in one copy: (min ks, max ke, widest
+    row) of each chunk, the last (partial) chunk included; int32 or int64 bounds."""
     g = torch.Generator().manual_seed(T)
     ks = torch.randint(0, 1000, (T,), generator=g)
     ke = ks + torch.randint(-3, 50, (T,), generator=g)
-    want = [(int(ks[r:r + row_chunk].min()), int(ke[r:r + row_chunk].max()))
-            for r in range(0, T, row_chunk)]
+    want = [(int(ks[r:r + row_chunk].min()), int(ke[r:r + row_chunk].max()),
+             int((ke - ks)[r:r + row_chunk].clamp(min=0).max())) for r in range(0, T, row_chunk)]
     assert I.chunk_column_spans(ks.to(torch.int32), ke, row_chunk) == want
 
 

@@ -237,19 +237,22 @@ def _tile_cols(rows: int, heads: int, budget: int, lo: int = 64) -> int:
     return max(lo, budget // max(1, rows * heads))
 
 
-def chunk_column_spans(ks: torch.Tensor, ke: torch.Tensor, row_chunk: int) -> list[tuple[int, int]]:
-    """[(min ks, max ke)] of each ``row_chunk`` rows, read back in one copy (the chunk loop
-    used to synchronise twice per chunk, leaving the GPU idle while the host caught up)."""
+def chunk_column_spans(ks: torch.Tensor, ke: torch.Tensor,
+                       row_chunk: int) -> list[tuple[int, int, int]]:
+    """(min ks, max ke, max(ke - ks, 0)) of each ``row_chunk`` rows, read back in one copy:
+    the chunk loop used to synchronise at the top of every chunk (twice, and once more for
+    V4.1's candidate step), leaving the GPU idle while the host caught up."""
     T = ks.shape[0]
     n = -(-T // row_chunk)
     pad = n * row_chunk - T
     ks64, ke64 = ks.to(torch.int64), ke.to(torch.int64)
-    if pad:  # pad the last chunk with values that change neither its min nor its max
+    if pad:  # pad the last chunk with values that change none of its min / max
         ks64 = torch.cat([ks64, ks64[-1:].expand(pad)])
         ke64 = torch.cat([ke64, ke64[-1:].expand(pad)])
     lo = ks64.view(n, row_chunk).amin(1)
     hi = ke64.view(n, row_chunk).amax(1)
-    return [tuple(x) for x in torch.stack([lo, hi], 1).tolist()]
+    width = (ke64 - ks64).clamp(min=0).view(n, row_chunk).amax(1)
+    return [tuple(x) for x in torch.stack([lo, hi, width], 1).tolist()]
 
 
 def prefill_topk(
@@ -300,11 +303,11 @@ def prefill_topk(
     for r0 in range(0, T, row_chunk):
         r1 = min(T, r0 + row_chunk)
         ks, ke = ks_all[r0:r1], ke_all[r0:r1]
-        c0, c1 = spans[r0 // row_chunk]
+        c0, c1, width = spans[r0 // row_chunk]
         best = None
         if candidates is not None:
             visible = (ke - ks).clamp(min=0)
-            candidates.begin(r0, r1, visible, max(1, int(visible.max())))
+            candidates.begin(r0, r1, visible, max(1, width))
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
             buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
