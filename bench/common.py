@@ -20,6 +20,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import pathlib
 import platform
 import re
 import shlex
@@ -256,8 +257,15 @@ def environment_knobs() -> dict[str, str]:
     ``DEEPINFER_GATHER_EXP``, the extension path ``DEEPINFER_SM80_EXT``), except the command
     line, which ``command_line`` records: a run under a knob or another build says so in its
     JSON and its markdown section."""
-    return {k: v for k, v in sorted(os.environ.items())
+    return {k: _portable_path(v) for k, v in sorted(os.environ.items())
             if k.startswith("DEEPINFER_") and k != "DEEPINFER_BENCH_COMMAND"}
+
+
+def _portable_path(value: str) -> str:
+    """An absolute path recorded as ``.../<parent>/<name>``: results name no machine's paths."""
+    if not os.path.isabs(value):
+        return value
+    return "/".join(("...",) + pathlib.PurePath(value).parts[-2:])
 
 
 def utc_now() -> str:

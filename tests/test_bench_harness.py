@@ -33,6 +33,14 @@ def common(monkeypatch):
     return c
 
 
+def test_environment_knobs_name_no_machine_paths(common, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_VLLM_C_DIR", "/home/someone/repo/build/vllm-c")
+    monkeypatch.setenv("DEEPINFER_GATHER_EXP", "2")
+    knobs = common.environment_knobs()
+    assert knobs["DEEPINFER_VLLM_C_DIR"] == ".../build/vllm-c"
+    assert knobs["DEEPINFER_GATHER_EXP"] == "2"
+
+
 def test_rotation_count(common):
     l2 = 60 * 2**20
     assert common.rotation_count(10 * 2**20) == 12  # 2 x L2 / 10 MiB
