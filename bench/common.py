@@ -20,7 +20,6 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-import pathlib
 import platform
 import re
 import shlex
@@ -257,15 +256,13 @@ def environment_knobs() -> dict[str, str]:
     ``DEEPINFER_GATHER_EXP``, the extension path ``DEEPINFER_SM80_EXT``), except the command
     line, which ``command_line`` records: a run under a knob or another build says so in its
     JSON and its markdown section."""
-    return {k: _portable_path(v) for k, v in sorted(os.environ.items())
-            if k.startswith("DEEPINFER_") and k != "DEEPINFER_BENCH_COMMAND"}
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("DEEPINFER_") and k not in _NOT_KNOBS}
 
 
-def _portable_path(value: str) -> str:
-    """An absolute path recorded as ``.../<parent>/<name>``: results name no machine's paths."""
-    if not os.path.isabs(value):
-        return value
-    return "/".join(("...",) + pathlib.PurePath(value).parts[-2:])
+# the command line (recorded by command_line) and the build cache of tests/vllm_c_ops.py
+# (a machine path that changes nothing a benchmark runs)
+_NOT_KNOBS = ("DEEPINFER_BENCH_COMMAND", "DEEPINFER_VLLM_C_DIR")
 
 
 def utc_now() -> str:
