@@ -68,19 +68,10 @@ def flat_pages(kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
     return pages.as_strided((pages.shape[0], inner), (pages.stride(0), 1))
 
 
-def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
-                       lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
-                       pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
-                       block_size: int, chunk: int = 0, sm_count: int | None = None,
-                       smem_cap: int | None = None) -> torch.Tensor:
-    """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
-    (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
-    ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
-    block_size fp32 scales per page), ``block_table`` int32 [reqs, max_blocks] (any strides),
-    ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
-    0 sizes it from the SM count). ``sm_count`` / ``smem_cap``: size the grid and the ring depth
-    for another part (e.g. 108 SMs, or SM86's 101376-byte shared-memory limit: a 4-stage ring
-    instead of 8); 0/None: the device's."""
+def _check_rows(q_u8: torch.Tensor, w: torch.Tensor,
+                out: torch.Tensor) -> tuple[torch.device, int]:
+    """Both scorers' checks of the query rows, their weights and the key output; returns the
+    device and the row count."""
     C.cuda_tensor(q_u8, "q")
     dev = q_u8.device
     C.dtype(q_u8, "q", torch.uint8)
@@ -95,6 +86,30 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     C.dtype(w, "weights", torch.float32)
     C.cuda_tensor(out, "out", dev)
     C.dtype(out, "out", torch.int64)
+    return dev, rows
+
+
+def _check_columns(col0: int, n_cols: int, chunk: int) -> None:
+    if col0 < 0 or n_cols < 0:
+        raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
+    if chunk and (chunk % CHUNK_STEP or chunk < 0):
+        raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
+
+
+def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
+                       lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
+                       pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
+                       block_size: int, chunk: int = 0, sm_count: int | None = None,
+                       smem_cap: int | None = None) -> torch.Tensor:
+    """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
+    (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
+    ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
+    block_size fp32 scales per page), ``block_table`` int32 [reqs, max_blocks] (any strides),
+    ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
+    0 sizes it from the SM count). ``sm_count`` / ``smem_cap``: size the grid and the ring depth
+    for another part (e.g. 108 SMs, or SM86's 101376-byte shared-memory limit: a 4-stage ring
+    instead of 8); 0/None: the device's."""
+    dev, rows = _check_rows(q_u8, w, out)
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     flat = flat_pages(pages, block_size)
@@ -105,10 +120,7 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     C.dim(block_table, "block_table", 2, "[num_reqs, max_blocks]")
     for t, name in ((row_req, "row_req"), (lo, "lo"), (hi, "hi")):
         C.vector(t, name, dev, torch.int32, rows)
-    if col0 < 0 or n_cols < 0:
-        raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
-    if chunk and (chunk % CHUNK_STEP or chunk < 0):
-        raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
+    _check_columns(col0, n_cols, chunk)
     _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
                               int(n_cols), int(block_size), int(chunk), int(sm_count or 0),
                               int(smem_cap or 0))
@@ -140,20 +152,7 @@ def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols:
     and ``k_scale`` fp32 [Nk]; ``lo`` / ``hi`` int32 [rows] are global columns. Columns at or
     past Nk are never read: a visible one scores 0. ``chunk``: columns per block (a multiple
     of 64; 0: at least 2,048 and at least four waves of blocks on the SM count)."""
-    C.cuda_tensor(q_u8, "q")
-    dev = q_u8.device
-    C.dtype(q_u8, "q", torch.uint8)
-    C.dim(q_u8, "q", 3, "[rows, heads, 128]")
-    rows, heads, d = q_u8.shape
-    if not supports(heads, d):
-        raise ValueError(f"q is [rows, {heads}, {d}]: the CUDA scorer takes heads in {HEADS} "
-                         f"and head_dim {HEAD_DIM} (use the Triton scorer otherwise)")
-    if not q_u8.is_contiguous():
-        raise ValueError("q must be contiguous (pass .contiguous())")
-    C.cuda_tensor(w, "weights", dev)
-    C.dtype(w, "weights", torch.float32)
-    C.cuda_tensor(out, "out", dev)
-    C.dtype(out, "out", torch.int64)
+    dev, rows = _check_rows(q_u8, w, out)
     C.cuda_tensor(k_codes, "k_codes", dev)
     k_codes = _codes_u8(k_codes, "k_codes")
     C.dim(k_codes, "k_codes", 2, "[Nk, 128]")
@@ -167,10 +166,7 @@ def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols:
         raise ValueError(f"k_scale has {k_scale.shape[0]} entries for {k_codes.shape[0]} K rows")
     for t, name in ((lo, "lo"), (hi, "hi")):
         C.vector(t, name, dev, torch.int32, rows)
-    if col0 < 0 or n_cols < 0:
-        raise ValueError(f"col0 and n_cols must be >= 0, got {col0}, {n_cols}")
-    if chunk and (chunk % CHUNK_STEP or chunk < 0):
-        raise ValueError(f"chunk must be 0 or a positive multiple of {CHUNK_STEP}, got {chunk}")
+    _check_columns(col0, n_cols, chunk)
     _ops().indexer_flat_keys(out, q_u8, w, k_codes, k_scale.contiguous(), lo, hi, int(col0),
                              int(n_cols), int(chunk), int(sm_count or 0), int(smem_cap or 0))
     return out
