@@ -1,8 +1,10 @@
 """The lightning indexer's prefill step: the CUDA flat scorer (``deepinfer_sm80.ops.indexer.
-indexer_flat_keys``, csrc/index/indexer_keys.cu over the gathered K workspace) against the Triton
-scorer it replaces (``deepinfer_sm80.ampere.indexer_triton.mqa_logits_tile``, flat key mode),
-same inputs, same run; and the whole ``prefill_topk`` (row chunks x column tiles, scoring and
-the running top-k) with each scorer.
+indexer_flat_keys`` over the gathered K workspace; both kernels: ``rows``, csrc/index/
+indexer_rows.cu, blocks of rows sharing K, the default, and ``warp``, indexer_keys.cu's flat
+mode, a warp per row) against the Triton scorer it replaces
+(``deepinfer_sm80.ampere.indexer_triton.mqa_logits_tile``, flat key mode), same inputs, same
+run; and the whole ``prefill_topk`` (row chunks x column tiles, scoring and the running top-k)
+with each scorer.
 
 Inputs: a flat FP8 K workspace ([Nk, 128] e4m3 codes without NaN, fp32 scales), 128-wide e4m3
 queries, fp32 head weights; fresh random inputs every run.
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
         "input sets rotated past 2x L2); prefill_topk rows: the last T tokens of one request of "
         f"4 x Nk tokens, top-k {TOPK} (triton: Triton scorer + torch.topk merges; cuda: CUDA "
         "scorer + CUDA row top-k; eager, events around 3 calls, median of 7); "
-        "TFLOPS = 2 x 128 x heads per visible (row, column)")
+        "TFLOPS = 2 x 128 x heads per visible (row, column); cuda = the default (the rows kernel), "
+        "cuda warp = the warp-per-row kernel it replaced")
     common.warm_gpu()
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
     for rows, nk, H in (QUICK_SCORER if args.quick else SCORER):
@@ -98,8 +101,12 @@ def main(argv=None) -> int:
         per_set = nk * (D + 4) + rows * nk * 8
         sets = [scorer_set(rows, nk, H, g) for _ in range(common.rotation_count(per_set, max_sets=8))]
         s0 = sets[0]
+        scorer_call("cuda", s0, kernel="warp")()
+        k_warp = s0["out"].clone()
         scorer_call("cuda", s0)()
         k_cuda = s0["out"].clone()
+        report.check(f"{shape}: the rows kernel's keys bit-equal to the warp kernel's",
+                     torch.equal(k_cuda, k_warp))
         scorer_call("triton", s0)()
         k_tri = s0["out"].clone()
         sc_c, sc_t = I.key_scores(k_cuda), I.key_scores(k_tri)
@@ -107,11 +114,13 @@ def main(argv=None) -> int:
         same_keys = torch.equal(k_cuda, k_tri)
         report.check(f"{shape}: CUDA scores within 1e-5 of Triton's (relative to the row's "
                      "largest)", rel < 1e-5, f"max {rel:.2e}, keys bit-equal: {same_keys}")
-        variants = [("triton", {}), ("cuda", {})]
+        variants = [("triton", {}), ("cuda warp", dict(kernel="warp")), ("cuda rows", {})]
         if args.sm_count:
-            variants.append((f"cuda, grid for {args.sm_count} SMs", dict(sm_count=args.sm_count)))
-        variants.append(("cuda, SM86 limits (84 SMs, 99 KB: 4-stage ring)",
+            variants.append((f"cuda rows, grid for {args.sm_count} SMs", dict(sm_count=args.sm_count)))
+        variants.append(("cuda rows, SM86 limits (84 SMs, 99 KB)",
                          dict(sm_count=84, smem_cap=101376)))
+        variants.append(("cuda warp, SM86 limits (84 SMs, 99 KB: 4-stage ring)",
+                         dict(sm_count=84, smem_cap=101376, kernel="warp")))
         base = None
         for name, kw in variants:
             impl = "triton" if name == "triton" else "cuda"
@@ -138,17 +147,31 @@ def main(argv=None) -> int:
         for scorer in ("triton", "cuda"):
             outs[scorer] = torch.full((T, TOPK), -7, dtype=torch.int32, device="cuda")
 
+        outs["cuda warp"] = torch.full((T, TOPK), -7, dtype=torch.int32, device="cuda")
+
         def step(scorer):
+            if scorer == "cuda warp":  # prefill_topk with the warp kernel (its scorer import)
+                def run():
+                    orig = OI.indexer_flat_keys
+                    OI.indexer_flat_keys = lambda *a, **kw: orig(*a, kernel="warp", **kw)
+                    try:
+                        I.prefill_topk(q, w, k, ks, kb, ke, TOPK, outs[scorer], scorer="cuda")
+                    finally:
+                        OI.indexer_flat_keys = orig
+                return run
             return lambda: I.prefill_topk(q, w, k, ks, kb, ke, TOPK, outs[scorer], scorer=scorer)
 
         step("cuda")()
+        step("cuda warp")()
+        report.check(f"{shape}: prefill_topk indices equal with either CUDA kernel",
+                     torch.equal(outs["cuda"], outs["cuda warp"]))
         step("triton")()
         a, b = outs["cuda"].cpu(), outs["triton"].cpu()
         overlap = min(len(set(x.tolist()) & set(y.tolist())) / TOPK for x, y in zip(a, b))
         report.check(f"{shape}: top-{TOPK} sets overlap >= 99% per row", overlap >= 0.99,
                      f"min overlap {overlap:.4f}, indices equal: {torch.equal(a, b)}")
         base = None
-        for scorer in ("triton", "cuda"):
+        for scorer in ("triton", "cuda warp", "cuda"):
             us = common._eager_time(step(scorer), inner=3, reps=7)
             base = us if scorer == "triton" else base
             report.add(what="prefill_topk", shape=shape, impl=scorer, median_us=us,

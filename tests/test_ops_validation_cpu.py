@@ -229,7 +229,10 @@ def test_indexer_flat_scorer_valid_reaches_op(rec):
     k, ks = args[3], args[4]
     assert k.dtype == torch.uint8 and k.data_ptr() == kw["k_codes"].data_ptr()  # a view
     assert ks.shape == (200,) and ks.dtype == torch.float32
-    assert args[7:] == (5, 128, 2048, 108, 101376)
+    assert args[7:] == (5, 128, 2048, 108, 101376, 0)
+    ops_indexer.indexer_flat_keys(**kw, kernel="warp")
+    ops_indexer.indexer_flat_keys(**kw, kernel="rows")
+    assert [c[1][-1] for c in rec.calls[1:]] == [1, 2]
 
 
 @pytest.mark.parametrize("arg,value,match", [
@@ -246,6 +249,7 @@ def test_indexer_flat_scorer_valid_reaches_op(rec):
     ("lo", torch.zeros(2, dtype=torch.int32), "lo has 2 entries"),
     ("chunk", 100, "chunk must be 0 or a positive multiple of 64"),
     ("n_cols", -3, "col0 and n_cols must be >= 0"),
+    ("kernel", "fast", "kernel must be one of"),
 ])
 def test_indexer_flat_scorer_rejects(rec, arg, value, match):
     kw = _flat_args()

@@ -1,6 +1,7 @@
 // Torch-facing ops of the lightning indexer's scorer (argument checks + launch):
 //   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu, paged cache)
-//   deepinfer_sm80::indexer_flat_keys  (out variant; the same kernel over a flat workspace)
+//   deepinfer_sm80::indexer_flat_keys  (out variant; over a flat workspace: by default the
+//                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
 #include "api/api_utils.h"
 #include "index/index_kernels.h"
@@ -96,7 +97,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
 void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
                        const at::Tensor& k_codes, const at::Tensor& k_scale, const at::Tensor& lo,
                        const at::Tensor& hi, int64_t col0, int64_t n_cols, int64_t chunk,
-                       int64_t sm_count, int64_t smem_cap) {
+                       int64_t sm_count, int64_t smem_cap, int64_t kernel) {
   const at::Device dev = q.device();
   api::check_cuda(q, "q", dev);
   api::check_dtype(q, "q", at::kByte);
@@ -136,9 +137,14 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
                 " needs more than 65535 column chunks; pass a larger chunk");
   }
   TORCH_CHECK(smem_cap >= 0, "smem_cap must be >= 0 (0 = the device's limit)");
+  TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (automatic), 1 (a warp per row) or 2 "
+              "(rows sharing K), got ", kernel);
   if (rows == 0 || n_cols == 0) return;
   c10::cuda::CUDAGuard guard(dev);
   const DeviceLimits lim = api::limits(dev.index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
+  TORCH_CHECK(kernel != 2 || indexer_rows_fits(static_cast<int>(heads), lim),
+              "kernel=2 (rows sharing K) does not fit the shared-memory cap of ", lim.max_dynamic_smem,
+              " bytes with ", heads, " heads; pass kernel=0 or 1");
   IndexerKeysParams p;
   p.out = out.data_ptr<int64_t>();
   p.out_stride0 = out.stride(0);
@@ -166,7 +172,11 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   p.k_codes = p.num_k > 0 ? k_codes.data_ptr<uint8_t>() : q.data_ptr<uint8_t>();
   p.k_stride = p.num_k <= 1 ? 128 : k_codes.stride(0);
   p.k_scales = p.num_k > 0 ? k_scale.data_ptr<float>() : w.data_ptr<float>();
-  launch_indexer_keys(p, lim, api::stream());
+  if (kernel != 1 && indexer_rows_fits(p.heads, lim)) {
+    launch_indexer_rows(p, lim, api::stream());
+  } else {
+    launch_indexer_keys(p, lim, api::stream());
+  }
   api::check_launch();
 }
 
@@ -206,7 +216,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "indexer_flat_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor k_codes, "
       "Tensor k_scale, Tensor lo, Tensor hi, int col0, int n_cols, int chunk=0, "
-      "int sm_count=0, int smem_cap=0) -> ()");
+      "int sm_count=0, int smem_cap=0, int kernel=0) -> ()");
   m.def("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()");
 }
 

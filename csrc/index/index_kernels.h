@@ -106,6 +106,10 @@ constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
 // the page table stays within 8 KB of shared memory).
 constexpr int kIndexerKeysMaxPages = 2048;
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
+// Flat mode with blocks of rows sharing each decoded K tile (indexer_rows.cu): the same keys,
+// bit for bit. Fits where two rows' fp16 Q and weights (heads x 520 B) fit the cap.
+bool indexer_rows_fits(int heads, const DeviceLimits& lim);
+void launch_indexer_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
 
 // Per-row top-k of int64 keys, sorted descending (row_topk.cu): out[r, :k] equals
 // torch.topk(keys[r] padded with INT64_MIN to >= k, k, sorted=True).values.

@@ -39,6 +39,7 @@
 #include "common/fp8_e4m3.cuh"
 #include "common/vec.cuh"
 #include "index/index_kernels.h"
+#include "index/indexer_keys_common.cuh"
 
 namespace deepinfer_sm80 {
 namespace {
@@ -50,7 +51,12 @@ using attention::ptx::cp_async_wait;
 using attention::ptx::mma_f16_16816;
 using attention::ptx::smem_u32;
 
-constexpr int kD = 128;                                  // index head dim (bytes per row)
+using indexer_keys::kD;
+using indexer_keys::kF16x2NaN;
+using indexer_keys::kKeyMin;
+using indexer_keys::order_key;
+using indexer_keys::words8;
+
 constexpr int kWarps = 4;                                // warps per block
 constexpr int kTileCols = 16;                            // columns per MMA tile (M side)
 constexpr int kTileCodeBytes = kTileCols * kD;           // 2 KB
@@ -58,14 +64,6 @@ constexpr int kTileBytes = kTileCodeBytes + kTileCols * 4;  // + the columns' fp
 constexpr int kRingSmall = 4;  // ring depth per warp where two blocks of 8 stages do not fit
 constexpr int kRingLarge = 8;  // (SM86's 99 KB); SM80 and SM90 take 8
 constexpr int kWeightBytes = 64 * 4;                     // weights of up to 64 heads
-constexpr int64_t kKeyMin = INT64_MIN;
-
-constexpr uint32_t kF16x2NaN = 0x7E007E00u;
-
-__device__ __forceinline__ void words8(uint4 a, uint4 b, uint32_t (&w)[8]) {
-  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-  w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-}
 
 // The page ids of the blocks covering a chunk's visible columns, read once per block into
 // shared memory (-1: outside the block table, a negative or out-of-range page id), so that a
@@ -103,14 +101,6 @@ __device__ __forceinline__ const void* column_bytes(const IndexerKeysParams& p, 
   if (page == nullptr) return nullptr;
   return scale ? page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot)
                : page + static_cast<int64_t>(slot) * kD + part * 16;
-}
-
-__device__ __forceinline__ int64_t order_key(float x, int64_t local) {
-  if (x != x) x = -__int_as_float(0x7F800000);  // NaN -> -inf
-  if (x == 0.0f) x = 0.0f;                        // -0 -> +0
-  const int32_t bits = __float_as_int(x);
-  const int64_t ordered = bits < 0 ? static_cast<int64_t>(bits ^ 0x7FFFFFFF) : bits;
-  return ordered * (int64_t{1} << 32) + (int64_t{0xFFFFFFFF} - local);
 }
 
 // NT: head tiles of 8 (heads = 8 NT: 16, 32 or 64). kDiag (measurement only, wrong keys by

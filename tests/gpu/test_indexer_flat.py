@@ -1,5 +1,10 @@
 """The CUDA flat (prefill) scorer of the lightning indexer (``deepinfer_sm80.ops.indexer.
-indexer_flat_keys``, csrc/index/indexer_keys.cu with K from the gathered workspace) on a GPU:
+indexer_flat_keys``, K from the gathered workspace) on a GPU, both kernels: ``rows``
+(csrc/index/indexer_rows.cu, blocks of rows sharing K; the default) and ``warp``
+(csrc/index/indexer_keys.cu's flat mode, a warp per row):
+
+* the two kernels' keys bit-equal on random full-range inputs (ragged windows, row counts that
+  are no multiple of a block's rows, 2, 4 and 8 rows per block, SM86's cap);
 
 * exact (dyadic) inputs: keys bit-equal to the float64 oracle's and to the Triton scorer's flat
   mode, over head counts, ragged causal rows, column offsets, chunk sizes, the SM86 ring, a
@@ -98,22 +103,27 @@ def _causal(T, N, starts, g):
     return torch.tensor(lo), torch.tensor(hi)
 
 
+KERNELS = ["rows", "warp"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("H", [16, 32, 64])
-def test_exact_keys_match_oracle_and_triton(rng, H, smem_cap):
+def test_exact_keys_match_oracle_and_triton(rng, H, smem_cap, kernel):
     T, N = 24, 700
     c = _case(rng, T=T, H=H, N=N)
     lo, hi = _causal(T, N, [0, 300, 510], rng)
     hi[3] = lo[3]  # an empty row
     want = _oracle_keys(c, lo, hi, 0, N)
-    got = _run(c, lo, hi, 0, N, smem_cap=smem_cap)
+    got = _run(c, lo, hi, 0, N, smem_cap=smem_cap, kernel=kernel)
     assert torch.equal(got, want)
     assert torch.equal(_run(c, lo, hi, 0, N, triton=True), want)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("chunk", [64, 192, 0])
 @pytest.mark.parametrize("col0", [0, 37])
-def test_offsets_chunks_strided_workspace_and_its_end(rng, chunk, col0):
+def test_offsets_chunks_strided_workspace_and_its_end(rng, chunk, col0, kernel):
     """col0 > 0, n_cols not a multiple of 16, a workspace with 144-byte rows, rows whose
     visible range reaches past the workspace's end (NaN codes lie there: never read)."""
     T, N = 10, 333
@@ -122,7 +132,7 @@ def test_offsets_chunks_strided_workspace_and_its_end(rng, chunk, col0):
     hi = torch.tensor([333, 300, 41, 360, 1, 333, 370, 340, 0, 200])
     n_cols = 350 - col0
     want = _oracle_keys(c, lo, hi, col0, n_cols)
-    got = _run(c, lo, hi, col0, n_cols, chunk=chunk)
+    got = _run(c, lo, hi, col0, n_cols, chunk=chunk, kernel=kernel)
     assert torch.equal(got, want)
 
 
@@ -133,7 +143,8 @@ def test_grid_for_fewer_sms_and_many_rows(rng):
     lo, hi = _causal(T, N, [0, 1000], rng)
     want = _oracle_keys(c, lo, hi, 0, N)
     for sm, cap in ((108, 0), (84, SM86_SMEM)):
-        assert torch.equal(_run(c, lo, hi, 0, N, sm_count=sm, smem_cap=cap), want)
+        for kernel in KERNELS:
+            assert torch.equal(_run(c, lo, hi, 0, N, sm_count=sm, smem_cap=cap, kernel=kernel), want)
 
 
 def test_nan_codes_match_triton(rng):
@@ -147,7 +158,9 @@ def test_nan_codes_match_triton(rng):
     c["k_dev"] = k.to(DEV)
     lo = torch.zeros(T, dtype=torch.int64)
     hi = torch.tensor([200, 199, 160, 151, 4, 200])
-    assert torch.equal(_run(c, lo, hi, 0, N), _run(c, lo, hi, 0, N, triton=True))
+    want = _run(c, lo, hi, 0, N, triton=True)
+    for kernel in KERNELS:
+        assert torch.equal(_run(c, lo, hi, 0, N, kernel=kernel), want)
 
 
 @pytest.mark.parametrize("H", [32, 64])
@@ -181,6 +194,89 @@ def test_random_codes_within_fp32_error(rng, H):
         assert (keys[:a] == I.INT64_MIN).all() and (keys[b:] == I.INT64_MIN).all()
         if b > a:  # the key's low word is the request-local column
             assert torch.equal(I.keys_to_indices(keys[a:b]).long(), torch.arange(b - a))
+
+
+def _random_flat(g, *, T, H, N, nan=False):
+    """Full-range random codes (NaN codes too if ``nan``), random scales and weights, random
+    windows per row (so a block's rows see different columns): an empty row, a row seeing
+    everything, rows reaching past the workspace."""
+    codes = torch.randint(0, 256, (N, D), generator=g, dtype=torch.uint8)
+    q = torch.randint(0, 256, (T, H, D), generator=g, dtype=torch.uint8)
+    if not nan:
+        codes[(codes & 0x7F) == 0x7F] = 0x3C
+        q[(q & 0x7F) == 0x7F] = 0xB8
+    sc = torch.rand(N, generator=g) + 0.25
+    w = torch.randn(T, H, generator=g)
+    lo = torch.randint(0, N // 2, (T,), generator=g)
+    hi = (lo + torch.randint(0, N, (T,), generator=g)).clamp(max=N + 40)
+    lo[1], hi[1] = 17, 17
+    lo[2], hi[2] = 0, N + 40
+    return dict(q=q.to(DEV), w=w.to(DEV), k=codes.to(DEV), sc=sc.to(DEV), lo=lo.int().to(DEV),
+                hi=hi.int().to(DEV))
+
+
+def _flat(c, *, kernel, col0=0, n_cols=None, **kw):
+    n_cols = c["k"].shape[0] + 50 - col0 if n_cols is None else n_cols
+    out = torch.full((c["q"].shape[0], n_cols + 3), POISON, dtype=torch.int64, device=DEV)
+    OI.indexer_flat_keys(c["q"], c["w"], col0=col0, n_cols=n_cols, lo=c["lo"], hi=c["hi"], out=out,
+                         k_codes=c["k"], k_scale=c["sc"], kernel=kernel, **kw)
+    got = out.cpu()
+    assert (got[:, n_cols:] == POISON).all(), "wrote past n_cols"
+    return got[:, :n_cols]
+
+
+# 64 heads at a 66,000-byte cap: 4 rows' fp16 Q no longer fit (66,624 B), blocks take 2 rows
+@pytest.mark.parametrize("kw", [{}, dict(chunk=64), dict(col0=45, n_cols=1111),
+                                dict(sm_count=84, smem_cap=SM86_SMEM), dict(smem_cap=66000)])
+@pytest.mark.parametrize("H", [16, 32, 64])
+def test_rows_kernel_equals_warp_kernel_bit_for_bit(rng, H, kw):
+    """Random full-range inputs (NaN codes included), 37 rows (no multiple of a block's rows):
+    the kernel whose blocks share K gives the warp kernel's keys exactly."""
+    c = _random_flat(rng, T=37, H=H, N=1500, nan=True)
+    want = _flat(c, kernel="warp", **kw)
+    assert (want != I.INT64_MIN).any()
+    assert torch.equal(_flat(c, kernel="rows", **kw), want)
+    assert torch.equal(_flat(c, kernel="auto", **kw), want)
+
+
+_ROWS_SCRIPT = """
+import sys, torch
+sys.path[:0] = {paths!r}
+from deepinfer_sm80.ops import indexer as OI
+g = torch.Generator().manual_seed({seed})
+out = {{}}
+for H in (16, 32, 64):
+    T, N = 29, 900
+    q = torch.randint(0, 256, (T, H, 128), generator=g, dtype=torch.uint8).cuda()
+    k = torch.randint(0, 256, (N, 128), generator=g, dtype=torch.uint8).cuda()
+    w = torch.randn(T, H, generator=g).cuda()
+    sc = (torch.rand(N, generator=g) + 0.25).cuda()
+    lo = torch.randint(0, N // 2, (T,), generator=g, dtype=torch.int32).cuda()
+    hi = (lo + torch.randint(0, N, (T,), generator=g, dtype=torch.int32).cuda()).clamp(max=N + 30)
+    for kernel in ("warp", "rows"):
+        o = torch.full((T, N + 40), 7, dtype=torch.int64, device="cuda")
+        OI.indexer_flat_keys(q, w, col0=0, n_cols=N + 40, lo=lo, hi=hi, out=o, k_codes=k,
+                             k_scale=sc, kernel=kernel)
+        out[(H, kernel)] = o.cpu()
+print(all(torch.equal(out[(H, "warp")], out[(H, "rows")]) for H in (16, 32, 64)))
+"""
+
+
+@pytest.mark.parametrize("rows_per_block", ["2", "8"])
+def test_rows_kernel_other_block_heights(rng, rows_per_block):
+    """$DEEPINFER_INDEXER_ROWS (read once per process) = 2 and 8 rows per block: still the
+    warp kernel's keys."""
+    import os
+    import subprocess
+    import sys
+
+    seed = int(torch.randint(0, 2**31, (1,), generator=rng))
+    script = _ROWS_SCRIPT.format(paths=[p for p in sys.path if p], seed=seed)
+    env = dict(os.environ, DEEPINFER_INDEXER_ROWS=rows_per_block)
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "True", res.stdout
 
 
 @pytest.mark.parametrize("row_chunk", [7, 256])

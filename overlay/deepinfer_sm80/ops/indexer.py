@@ -142,16 +142,26 @@ def _codes_u8(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype != torch.uint8 else t
 
 
+FLAT_KERNELS = {"auto": 0, "warp": 1, "rows": 2}  # the op's `kernel` argument
+
+
 def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols: int,
                       lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
                       k_codes: torch.Tensor, k_scale: torch.Tensor, chunk: int = 0,
-                      sm_count: int | None = None, smem_cap: int | None = None) -> torch.Tensor:
+                      sm_count: int | None = None, smem_cap: int | None = None,
+                      kernel: str = "auto") -> torch.Tensor:
     """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
     (int64); returns ``out``. As :func:`indexer_paged_keys`, but K is the flat workspace:
     ``k_codes`` [Nk, 128] e4m3 codes (uint8 or float8_e4m3fn; rows contiguous, 16-byte aligned)
     and ``k_scale`` fp32 [Nk]; ``lo`` / ``hi`` int32 [rows] are global columns. Columns at or
     past Nk are never read: a visible one scores 0. ``chunk``: columns per block (a multiple
-    of 64; 0: at least 2,048 and at least four waves of blocks on the SM count)."""
+    of 64; 0: the kernel's choice, at least four waves of blocks on the SM count).
+    ``kernel``: ``"rows"`` (csrc/index/indexer_rows.cu: blocks of rows share each decoded K
+    tile), ``"warp"`` (indexer_keys.cu's flat mode: a warp per row) or ``"auto"`` (rows where
+    two rows' fp16 Q fit the shared-memory cap, else warp); all give the same keys, bit for
+    bit."""
+    if kernel not in FLAT_KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(FLAT_KERNELS)}, got {kernel!r}")
     dev, rows = _check_rows(q_u8, w, out)
     C.cuda_tensor(k_codes, "k_codes", dev)
     k_codes = _codes_u8(k_codes, "k_codes")
@@ -168,7 +178,8 @@ def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols:
         C.vector(t, name, dev, torch.int32, rows)
     _check_columns(col0, n_cols, chunk)
     _ops().indexer_flat_keys(out, q_u8, w, k_codes, k_scale.contiguous(), lo, hi, int(col0),
-                             int(n_cols), int(chunk), int(sm_count or 0), int(smem_cap or 0))
+                             int(n_cols), int(chunk), int(sm_count or 0), int(smem_cap or 0),
+                             FLAT_KERNELS[kernel])
     return out
 
 

@@ -1,0 +1,350 @@
+// The lightning indexer's prefill scorer with K shared across rows (SM80+, no FP8 instructions):
+//
+//   logit[row, c] = k_scale[c] * sum_h relu(q[row, h] . k[c]) * w[row, h]
+//
+// over the flat prefill workspace (column c: 128 e4m3 codes at k_codes + c * k_stride, scale
+// k_scales[c]), written as the int64 keys of deepinfer_sm80.ampere.indexer.order_keys. The
+// contract, the arithmetic and the keys are those of indexer_keys.cu's flat mode, bit for bit
+// (the same MMA steps in the same order, the same epilogue order); only the work split differs.
+//
+// Why a second kernel. indexer_keys.cu gives each warp one row: the row's Q fragments live in
+// registers (128 of them for 64 heads) and every K tile is decoded again for every row. In
+// prefill every row of a chunk reads the same workspace, so here a block takes kR rows:
+// - Q of the block's rows is decoded once into shared memory as fp16 (value x 2^-8, exact), in
+//   the permuted order of indexer_keys.cu, so that `ldmatrix` hands lane (g, t) exactly the B
+//   fragment indexer_keys.cu decodes in registers. 16-byte chunks of a head's 256-byte row are
+//   swizzled by head & 7, so the eight row addresses of each 8x8 matrix hit distinct banks.
+// - A warp takes 32 columns at a time (two 16-column M tiles), loads their codes straight into
+//   registers (lane (g, t): bytes [32t, 32t + 32) of columns g, g + 8, g + 16, g + 24; the next
+//   pair's loads are issued before this pair's math), decodes the A fragments once and runs
+//   them against the B fragments of every head of each of the kR rows. Each B fragment serves
+//   two MMAs (the two M tiles).
+// - Heads go in groups of up to four head tiles (32 heads): eight independent accumulator
+//   chains, folded into the row's sums (relu x weight, head tiles in order) when the group ends.
+// Deterministic: every reduction has a fixed order.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/detail/sm80_ptx.cuh"
+#include "common/env_knob.h"
+#include "common/fp8_e4m3.cuh"
+#include "index/index_kernels.h"
+#include "index/indexer_keys_common.cuh"
+
+namespace deepinfer_sm80 {
+namespace {
+
+using attention::ptx::ldmatrix_x4;
+using attention::ptx::mma_f16_16816;
+using attention::ptx::smem_u32;
+using indexer_keys::kD;
+using indexer_keys::kF16x2NaN;
+using indexer_keys::kKeyMin;
+using indexer_keys::order_key;
+
+constexpr int kWarps = 8;           // warps per block (one block per SM at ~170 registers)
+constexpr int kPairCols = 32;       // columns a warp takes at a time (two M tiles)
+constexpr int kHeadRowBytes = kD * 2;  // a head's 128 fp16 values in shared memory
+constexpr int kMinChunk = 1024;     // a block's Q decode stays a small share of its work
+constexpr int kWaves = 4;           // waves of blocks at least (the partial last one is small)
+
+template <int NT, int kR>
+constexpr int smem_bytes() {
+  return kR * 8 * NT * (kHeadRowBytes + 4) + kR * 16;  // fp16 Q rows + weights + row windows
+}
+
+// Rows row0 .. row0 + kR - 1 of the call (rows past p.rows take no part), columns
+// [c_begin, c_begin + chunk) of the call.
+template <int NT, int kR>
+__global__ void __launch_bounds__(kWarps * 32, 1)
+indexer_rows_kernel(const IndexerKeysParams p) {
+  constexpr int kHeads = 8 * NT;
+  constexpr int kGroup = NT < 4 ? NT : 4;  // head tiles per accumulator group
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sq = smem;                                                // [kR][heads][256 B]
+  float* sw = reinterpret_cast<float*>(smem + kR * kHeads * kHeadRowBytes);  // [kR][heads]
+  int4* swin = reinterpret_cast<int4*>(sw + kR * kHeads);  // [kR]: v0, v1, lo of each row
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int row0 = blockIdx.x * kR;
+  const int c_begin = blockIdx.y * p.chunk;
+  const int ncols = min(p.chunk, p.n_cols - c_begin);
+  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the chunk
+
+  // each row's visible columns, chunk-local [v0, v1), and their union [u0, u1)
+  int v0[kR], v1[kR], lo[kR];
+  int u0 = ncols, u1 = 0;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    v0[r] = 0; v1[r] = 0; lo[r] = 0;
+    if (row0 + r < p.rows) {
+      lo[r] = p.lo[row0 + r];
+      const int64_t lo_rel = static_cast<int64_t>(lo[r]) - base;
+      const int64_t hi_rel = static_cast<int64_t>(p.hi[row0 + r]) - base;
+      v0[r] = static_cast<int>(lo_rel > 0 ? lo_rel : 0);
+      v1[r] = static_cast<int>(hi_rel < ncols ? hi_rel : ncols);
+      if (v0[r] < v1[r]) {
+        u0 = min(u0, v0[r]);
+        u1 = max(u1, v1[r]);
+      }
+    }
+  }
+  if (tid < kR) swin[tid] = make_int4(v0[tid], v1[tid], lo[tid], 0);
+  const int pair_first = u0 < u1 ? u0 / kPairCols : 0;
+  const int pair_end = u0 < u1 ? (u1 + kPairCols - 1) / kPairCols : 0;
+  // columns of no pair
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (row0 + r >= p.rows) continue;
+    int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
+    for (int i = tid; i < ncols; i += kWarps * 32) {
+      if (i < pair_first * kPairCols || i >= pair_end * kPairCols) out[i] = kKeyMin;
+    }
+  }
+  if (pair_first >= pair_end) return;
+
+  // Q of the block's rows as fp16 (x 2^-8) in the order lane (g, t) reads its B fragments: the
+  // 16-byte chunk (s, half) of a head row holds, for t = 0..3, codes 32t + 4s + 2 half + {0, 1}.
+  // A NaN code anywhere in a head's row makes element 0 NaN: every dot product of the head.
+  for (int i = tid; i < kR * kHeads; i += kWarps * 32) {
+    const int r = i / kHeads, h = i - r * kHeads;
+    uint8_t* dst = sq + static_cast<int64_t>(i) * kHeadRowBytes;
+    const bool live = row0 + r < p.rows;
+    uint32_t w[32];
+    if (live) {
+      const uint4* src = reinterpret_cast<const uint4*>(
+          p.q + (static_cast<int64_t>(row0 + r) * p.heads + h) * kD);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint4 v = __ldg(src + k);
+        w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 32; ++k) w[k] = 0u;
+    }
+    uint32_t nf = 0;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) nf = e4m3_nan_fold(nf, w[k]);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint4 c;
+        c.x = half ? e4m3x2_hi_to_f16x2_m8(w[s]) : e4m3x2_lo_to_f16x2_m8(w[s]);
+        c.y = half ? e4m3x2_hi_to_f16x2_m8(w[8 + s]) : e4m3x2_lo_to_f16x2_m8(w[8 + s]);
+        c.z = half ? e4m3x2_hi_to_f16x2_m8(w[16 + s]) : e4m3x2_lo_to_f16x2_m8(w[16 + s]);
+        c.w = half ? e4m3x2_hi_to_f16x2_m8(w[24 + s]) : e4m3x2_lo_to_f16x2_m8(w[24 + s]);
+        if (s == 0 && half == 0 && e4m3_nan_any(nf)) c.x = kF16x2NaN;
+        *reinterpret_cast<uint4*>(dst + (((2 * s + half) ^ (h & 7)) << 4)) = c;
+      }
+    }
+    sw[i] = live ? p.w[static_cast<int64_t>(row0 + r) * p.heads + h] * 65536.0f : 0.0f;
+  }
+  __syncthreads();
+
+  // Codes of pair j's columns g + 8q (q = 0..3), bytes [32t, 32t + 32), and the scale of
+  // column `lane`; zero outside the union or at / past num_k (such a column scores 0).
+  auto load_pair = [&](int j, uint4 (&raw)[8], float& scale) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int lc = j * kPairCols + g + 8 * q;
+      const int64_t col = base + lc;
+      if (lc >= u0 && lc < u1 && col < p.num_k) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.k_codes + col * p.k_stride + 32 * t);
+        raw[2 * q] = __ldg(src);
+        raw[2 * q + 1] = __ldg(src + 1);
+      } else {
+        raw[2 * q] = make_uint4(0u, 0u, 0u, 0u);
+        raw[2 * q + 1] = raw[2 * q];
+      }
+    }
+    const int lc = j * kPairCols + lane;
+    const int64_t col = base + lc;
+    scale = (lc >= u0 && lc < u1 && col < p.num_k) ? __ldg(p.k_scales + col) : 0.0f;
+  };
+
+  // ldmatrix row address of this lane for head tile n, steps (2 s2, 2 s2 + 1): matrix
+  // m = lane / 8 (step 2 s2 + m / 2, half m % 2), head row 8n + lane % 8
+  const int lm = lane >> 3, li = lane & 7;
+  const uint32_t q_lane = smem_u32(sq) + li * kHeadRowBytes;
+
+  const int j0 = pair_first + warp;
+  uint4 raw[8];
+  float scale = 0.0f;
+  if (j0 < pair_end) load_pair(j0, raw, scale);
+#pragma unroll 1
+  for (int j = j0; j < pair_end; j += kWarps) {
+    uint32_t kw[4][8];  // this pair's words: column g + 8q, word s = bytes 32t + 4s .. + 3
+#pragma unroll
+    for (int q = 0; q < 4; ++q) indexer_keys::words8(raw[2 * q], raw[2 * q + 1], kw[q]);
+    const float col_scale = scale;
+    if (j + kWarps < pair_end) load_pair(j + kWarps, raw, scale);
+
+    // A fragments of M tile m (columns 16m + g and 16m + g + 8), step s
+    uint32_t a[2][8][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      uint32_t ng = 0, nh = 0;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        ng = e4m3_nan_fold(ng, kw[2 * m][s]);
+        nh = e4m3_nan_fold(nh, kw[2 * m + 1][s]);
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        a[m][s][0] = e4m3x2_lo_to_f16x2_m8(kw[2 * m][s]);
+        a[m][s][1] = e4m3x2_lo_to_f16x2_m8(kw[2 * m + 1][s]);
+        a[m][s][2] = e4m3x2_hi_to_f16x2_m8(kw[2 * m][s]);
+        a[m][s][3] = e4m3x2_hi_to_f16x2_m8(kw[2 * m + 1][s]);
+      }
+      if (e4m3_nan_any(ng)) a[m][0][0] = kF16x2NaN;
+      if (e4m3_nan_any(nh)) a[m][0][1] = kF16x2NaN;
+    }
+
+    const int lc = j * kPairCols + g + 8 * t;  // the column this lane writes
+    const float sc = __shfl_sync(0xFFFFFFFFu, col_scale, g + 8 * t);
+#pragma unroll 1
+    for (int r = 0; r < kR; ++r) {
+      if (row0 + r >= p.rows) break;
+      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
+      const int4 win = swin[r];  // v0, v1, lo of row r
+      if (j * kPairCols >= win.y || (j + 1) * kPairCols <= win.x) {  // the row sees none of it
+        if (lc < ncols) out[lc] = kKeyMin;
+        continue;
+      }
+      const uint32_t q_row = q_lane + r * kHeads * kHeadRowBytes;
+      const float* wr = sw + r * kHeads;
+      // per M tile: two partial sums per column (even and odd head tiles), as indexer_keys.cu
+      float pg[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, ph[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+      for (int n0 = 0; n0 < NT; n0 += kGroup) {
+        float acc[kGroup][2][4];
+#pragma unroll
+        for (int n = 0; n < kGroup; ++n)
+#pragma unroll
+          for (int m = 0; m < 2; ++m) acc[n][m][0] = acc[n][m][1] = acc[n][m][2] = acc[n][m][3] = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < 4; ++s2) {
+          uint32_t b[kGroup][4];
+#pragma unroll
+          for (int n = 0; n < kGroup; ++n) {
+            const int chunk = 4 * s2 + lm;  // 16-byte chunk (step 2 s2 + lm / 2, half lm % 2)
+            ldmatrix_x4(q_row + (n0 + n) * 8 * kHeadRowBytes + ((chunk ^ li) << 4), b[n][0], b[n][1],
+                        b[n][2], b[n][3]);
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+#pragma unroll
+            for (int n = 0; n < kGroup; ++n) {
+#pragma unroll
+              for (int m = 0; m < 2; ++m) mma_f16_16816(acc[n][m], a[m][2 * s2 + e], b[n][2 * e], b[n][2 * e + 1]);
+            }
+          }
+        }
+        // acc[n][m]: columns 16m + g (0, 1) and 16m + g + 8 (2, 3), heads 8(n0 + n) + 2t, + 1
+#pragma unroll
+        for (int n = 0; n < kGroup; ++n) {
+          const int nt = n0 + n;
+          const float2 wv = *reinterpret_cast<const float2*>(wr + 8 * nt + 2 * t);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            pg[m][nt & 1] += fmaxf(acc[n][m][0], 0.0f) * wv.x;
+            ph[m][nt & 1] += fmaxf(acc[n][m][2], 0.0f) * wv.x;
+            pg[m][nt & 1] += fmaxf(acc[n][m][1], 0.0f) * wv.y;
+            ph[m][nt & 1] += fmaxf(acc[n][m][3], 0.0f) * wv.y;
+          }
+        }
+      }
+      float v[4] = {pg[0][0] + pg[0][1], ph[0][0] + ph[0][1], pg[1][0] + pg[1][1], ph[1][0] + ph[1][1]};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 1);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 2);
+      if (lc < ncols) {
+        int64_t key = kKeyMin;
+        if (lc >= win.x && lc < win.y) {
+          const float x = t == 0 ? v[0] : t == 1 ? v[1] : t == 2 ? v[2] : v[3];
+          key = order_key(x * sc, base + lc - win.z);
+        }
+        out[lc] = key;
+      }
+    }
+  }
+}
+
+template <int NT, int kR>
+int resident_blocks(int smem) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR>, kWarps * 32, smem) !=
+          cudaSuccess || n <= 0) {
+    n = 1;
+  }
+  return n;
+}
+
+int rows_chunk(int row_groups, int n_cols, int resident) {
+  const int64_t step = kIndexerKeysChunkStep;
+  const int64_t groups = row_groups > 0 ? row_groups : 1;
+  int64_t per_group = (static_cast<int64_t>(kWaves) * resident + groups - 1) / groups;
+  if (per_group < 1) per_group = 1;
+  int64_t chunk = (static_cast<int64_t>(n_cols) + per_group - 1) / per_group;
+  if (chunk < kMinChunk) chunk = kMinChunk;
+  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
+  if (chunk < min_chunk) chunk = min_chunk;
+  chunk = (chunk + step - 1) / step * step;
+  const int64_t all = (static_cast<int64_t>(n_cols) + step - 1) / step * step;
+  return static_cast<int>(chunk < all ? chunk : all);
+}
+
+template <int NT, int kR>
+void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
+  constexpr int smem = smem_bytes<NT, kR>();
+  auto* kernel = indexer_rows_kernel<NT, kR>;
+  static const bool opted_in = [&] {  // beyond 48 KB of dynamic shared memory
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
+  }();
+  (void)opted_in;
+  const int groups = (p.rows + kR - 1) / kR;
+  if (p.chunk <= 0) {
+    static const int per_sm = resident_blocks<NT, kR>(smem);
+    p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * per_sm);
+  }
+  dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+}
+
+// kR rows per block: 4 by default; $DEEPINFER_INDEXER_ROWS = 2 | 4 | 8 (measurement knob; 8 only
+// where its shared memory fits the cap: 132 KB at 64 heads).
+template <int NT>
+void launch_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  static const int rows = knob_int("DEEPINFER_INDEXER_ROWS", 4);
+  if (rows == 8 && smem_bytes<NT, 8>() <= lim.max_dynamic_smem) return launch_nt<NT, 8>(p, lim, stream);
+  if (rows == 2 || smem_bytes<NT, 4>() > lim.max_dynamic_smem) return launch_nt<NT, 2>(p, lim, stream);
+  launch_nt<NT, 4>(p, lim, stream);
+}
+
+}  // namespace
+
+bool indexer_rows_fits(int heads, const DeviceLimits& lim) {
+  return (heads == 16 || heads == 32 || heads == 64) &&
+         2 * heads * (kHeadRowBytes + 4) + 2 * 16 <= lim.max_dynamic_smem;  // smem_bytes<heads / 8, 2>
+}
+
+void launch_indexer_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  if (p.rows <= 0 || p.n_cols <= 0) return;
+  switch (p.heads) {
+    case 16: launch_rows<2>(p, lim, stream); break;
+    case 32: launch_rows<4>(p, lim, stream); break;
+    case 64: launch_rows<8>(p, lim, stream); break;
+    default: break;  // the op checks heads first
+  }
+}
+
+}  // namespace deepinfer_sm80
