@@ -9,7 +9,8 @@
 //
 // Why a second kernel. indexer_keys.cu gives each warp one row: the row's Q fragments live in
 // registers (128 of them for 64 heads) and every K tile is decoded again for every row. In
-// prefill every row of a chunk reads the same workspace, so here a block takes kR rows:
+// prefill every row of a chunk reads the same workspace, so here a block takes kR rows (8 where
+// their fp16 Q fits the shared-memory cap, else 4 or 2):
 // - Q of the block's rows is decoded once into shared memory as fp16 (value x 2^-8, exact), in
 //   the permuted order of indexer_keys.cu, so that `ldmatrix` hands lane (g, t) exactly the B
 //   fragment indexer_keys.cu decodes in registers. 16-byte chunks of a head's 256-byte row are
@@ -44,11 +45,8 @@ using indexer_keys::kF16x2NaN;
 using indexer_keys::kKeyMin;
 using indexer_keys::order_key;
 
-constexpr int kWarps = 8;           // warps per block (one block per SM at ~170 registers)
 constexpr int kPairCols = 32;       // columns a warp takes at a time (two M tiles)
 constexpr int kHeadRowBytes = kD * 2;  // a head's 128 fp16 values in shared memory
-constexpr int kMinChunk = 1024;     // a block's Q decode stays a small share of its work
-constexpr int kWaves = 4;           // waves of blocks at least (the partial last one is small)
 
 template <int NT, int kR>
 constexpr int smem_bytes() {
@@ -56,9 +54,9 @@ constexpr int smem_bytes() {
 }
 
 // Rows row0 .. row0 + kR - 1 of the call (rows past p.rows take no part), columns
-// [c_begin, c_begin + chunk) of the call.
-template <int NT, int kR>
-__global__ void __launch_bounds__(kWarps * 32, 1)
+// [c_begin, c_begin + chunk) of the call; kWarps warps, registers for kMinBlocks per SM.
+template <int NT, int kR, int kWarps, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 indexer_rows_kernel(const IndexerKeysParams p) {
   constexpr int kHeads = 8 * NT;
   constexpr int kGroup = NT < 4 ? NT : 4;  // head tiles per accumulator group
@@ -279,55 +277,80 @@ indexer_rows_kernel(const IndexerKeysParams p) {
   }
 }
 
-template <int NT, int kR>
+template <int NT, int kR, int kW, int kMB>
 int resident_blocks(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR>, kWarps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR, kW, kMB>, kW * 32, smem) !=
           cudaSuccess || n <= 0) {
     n = 1;
   }
   return n;
 }
 
-int rows_chunk(int row_groups, int n_cols, int resident) {
-  const int64_t step = kIndexerKeysChunkStep;
+// Columns per block. A block's prologue (its rows' Q into shared memory, the first K loads)
+// costs about 150 columns of its work (measured on the H200: 8 waves of 1,024-column blocks
+// against one wave of 8,192-column blocks, 2026-12-02) and overlaps nothing when one block fills
+// an SM, so this picks the chunk count per row group that minimises
+//   waves x (chunk + kBlockOverheadCols)
+// (waves of `resident` blocks; fewer blocks on a tie), in whole rounds of the block's warps
+// (each takes kPairCols columns at a time; a multiple of the op's 64-column step).
+constexpr int kBlockOverheadCols = 256;
+
+int rows_chunk(int row_groups, int n_cols, int resident, int warps) {
+  const int64_t step = warps * kPairCols > kIndexerKeysChunkStep ? warps * kPairCols : kIndexerKeysChunkStep;
   const int64_t groups = row_groups > 0 ? row_groups : 1;
-  int64_t per_group = (static_cast<int64_t>(kWaves) * resident + groups - 1) / groups;
-  if (per_group < 1) per_group = 1;
-  int64_t chunk = (static_cast<int64_t>(n_cols) + per_group - 1) / per_group;
-  if (chunk < kMinChunk) chunk = kMinChunk;
-  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;
-  if (chunk < min_chunk) chunk = min_chunk;
-  chunk = (chunk + step - 1) / step * step;
-  const int64_t all = (static_cast<int64_t>(n_cols) + step - 1) / step * step;
-  return static_cast<int>(chunk < all ? chunk : all);
+  const int64_t slots = resident > 0 ? resident : 1;
+  const int64_t units = (static_cast<int64_t>(n_cols) + step - 1) / step;
+  int64_t best_units = units, best_cost = INT64_MAX;
+  const int64_t max_n = units < 2 * slots ? units : 2 * slots;
+  for (int64_t n = 1; n <= max_n; ++n) {
+    const int64_t per = (units + n - 1) / n;       // units per chunk
+    const int64_t chunks = (units + per - 1) / per;
+    const int64_t waves = (groups * chunks + slots - 1) / slots;
+    const int64_t cost = waves * (per * step + kBlockOverheadCols);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_units = per;
+    }
+  }
+  int64_t chunk = best_units * step;
+  const int64_t min_chunk = (static_cast<int64_t>(n_cols) + 65534) / 65535;  // grid.y limit
+  if (chunk < min_chunk) chunk = (min_chunk + step - 1) / step * step;
+  return static_cast<int>(chunk);
 }
 
-template <int NT, int kR>
+template <int NT, int kR, int kW, int kMB>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
   constexpr int smem = smem_bytes<NT, kR>();
-  auto* kernel = indexer_rows_kernel<NT, kR>;
+  auto* kernel = indexer_rows_kernel<NT, kR, kW, kMB>;
   static const bool opted_in = [&] {  // beyond 48 KB of dynamic shared memory
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
   }();
   (void)opted_in;
   const int groups = (p.rows + kR - 1) / kR;
   if (p.chunk <= 0) {
-    static const int per_sm = resident_blocks<NT, kR>(smem);
-    p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * per_sm);
+    // resident blocks per SM: what the registers allow, and the shared memory under the cap
+    static const int per_sm = resident_blocks<NT, kR, kW, kMB>(smem);
+    const int fit = lim.max_dynamic_smem / smem;
+    p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * (per_sm < fit ? per_sm : fit), kW);
   }
   dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  kernel<<<grid, kW * 32, smem, stream>>>(p);
 }
 
-// kR rows per block: 4 by default; $DEEPINFER_INDEXER_ROWS = 2 | 4 | 8 (measurement knob; 8 only
-// where its shared memory fits the cap: 132 KB at 64 heads).
+// Rows per block: the most of 8, 4, 2 whose fp16 Q fits the shared-memory cap (8 x 64 heads:
+// 133 KB, under SM80's 163 KB; SM86's 99 KB takes 4). Eight warps, one block per SM (236
+// registers at 64 heads). Measurement knob $DEEPINFER_INDEXER_ROWS = 2 | 4 | 8 (read once per
+// process): at most that many rows. Measured and dropped (2026-12-02, docs/indexer-scorer.md):
+// 4-warp blocks, two per SM (prologues overlap, 2-3% behind 8 rows) and 2 rows in 4-warp
+// blocks held to 3 per SM (170 registers; 64 heads spill).
 template <int NT>
 void launch_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
-  static const int rows = knob_int("DEEPINFER_INDEXER_ROWS", 4);
-  if (rows == 8 && smem_bytes<NT, 8>() <= lim.max_dynamic_smem) return launch_nt<NT, 8>(p, lim, stream);
-  if (rows == 2 || smem_bytes<NT, 4>() > lim.max_dynamic_smem) return launch_nt<NT, 2>(p, lim, stream);
-  launch_nt<NT, 4>(p, lim, stream);
+  static const int most = knob_int("DEEPINFER_INDEXER_ROWS", 8);
+  const int cap = lim.max_dynamic_smem;
+  if (most >= 8 && smem_bytes<NT, 8>() <= cap) return launch_nt<NT, 8, 8, 1>(p, lim, stream);
+  if (most >= 4 && smem_bytes<NT, 4>() <= cap) return launch_nt<NT, 4, 8, 1>(p, lim, stream);
+  launch_nt<NT, 2, 8, 1>(p, lim, stream);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The prefill scorer's rows kernel (csrc/index/indexer_rows.cu) on the GPU, from the GPU bundle
 # (`make gpu-bundle`, carried at dist/): its GPU tests (flat scorer, indexer, layer), the prefill
-# bench (Triton and the warp-per-row kernel as same-run baselines), then the block height
-# ($DEEPINFER_INDEXER_ROWS = 2, 4, 8 rows per block; read once per process) on the quick shapes.
+# bench (Triton and the warp-per-row kernel as same-run baselines), then rows per block
+# ($DEEPINFER_INDEXER_ROWS = at most 8, 4, 2; read once per process) by column chunk
+# (bench/explore_indexer_rows.py; ROWS_CFGS, ROWS_CHUNKS, ROWS_SM).
 #   bash scripts/device/indexer_rows.sh [tests|bench|sweep ...]   (default: all three)
 set -uo pipefail
 source "$(dirname "$0")/bundle_env.sh" indexer_rows
@@ -21,11 +22,9 @@ for step in $STEPS; do
       cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
       find bench/results -name 'bench_indexer_prefill_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \; ;;
     sweep)
-      for r in 2 4 8; do
-        echo "--- DEEPINFER_INDEXER_ROWS=$r"
-        DEEPINFER_INDEXER_ROWS=$r $PY bench/bench_indexer_prefill.py --quick --no-doc --sm-count 0 \
-          > "$OUT/sweep-rows$r.log" 2>&1 || rc=1
-        grep -E "^\| scorer" "$OUT/sweep-rows$r.log" | head -8
+      for c in ${ROWS_CFGS:-8 4 2}; do
+        DEEPINFER_INDEXER_ROWS=$c $PY bench/explore_indexer_rows.py --chunks "${ROWS_CHUNKS:-0,1024,2048,4096,8192}" \
+          --sm-count "${ROWS_SM:-0}" 2>&1 | tee "$OUT/sweep-cfg$c.log" | grep -E "^rows|Error|error" || rc=1
       done ;;
   esac
   echo "=== $step rc=$rc ($((SECONDS - t0)) s)"
