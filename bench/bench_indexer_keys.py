@@ -34,7 +34,7 @@ D, BS, TOPK = 128, 64, 512
 
 # (requests, rows per request, context in compressed positions, heads)
 SHAPES = [(1, 1, 8192, 64), (8, 1, 65536, 64), (64, 1, 8192, 64), (128, 1, 4096, 64),
-          (128, 1, 4096, 32), (32, 6, 8192, 64)]
+          (128, 1, 4096, 32), (32, 6, 8192, 64), (32, 2, 8192, 64), (16, 6, 8192, 32)]
 QUICK = [(64, 1, 8192, 64), (32, 6, 8192, 64)]
 
 
@@ -69,6 +69,16 @@ def scorer_call(fn, s, **kw):
 
 def topk_call(s, B, NN, H, scorer):
     q4 = s["q"].view(B, NN, H, D)
+    if scorer == "cuda warp":  # decode_topk with the warp-per-row scorer for every row count
+        def run():
+            orig = OI.indexer_paged_keys
+            OI.indexer_paged_keys = lambda *a, rows_per_req=0, **kw: orig(*a, **kw)
+            try:
+                I.decode_topk(q4, s["w"], s["pages"], s["lens"], s["bt"], BS, TOPK, s["idx"],
+                              scorer="cuda")
+            finally:
+                OI.indexer_paged_keys = orig
+        return run
     return lambda: I.decode_topk(q4, s["w"], s["pages"], s["lens"], s["bt"], BS, TOPK, s["idx"],
                                  scorer=scorer)
 
@@ -93,7 +103,9 @@ def main(argv=None) -> int:
         "triton = the Triton scorer the CUDA kernel replaces (same contract: paged key mode); "
         "scorer rows time one call over all columns; 'top-k of the keys' rows time the running "
         "top-k alone (speedup column: against torch.topk); decode_topk rows time the whole step "
-        "(triton: Triton scorer + torch.topk; cuda: CUDA scorer + CUDA row top-k) "
+        "(triton: Triton scorer + torch.topk; cuda: CUDA scorer + CUDA row top-k, the scorer "
+        "being the rows kernel for 2+ rows per request since 2026-12-02; cuda warp: the warp-per-row "
+        "scorer for every row) "
         f"(top-k {TOPK}); bytes = unique K entries (132 B) + Q + weights + 8 B keys per row and "
         "column; CUDA-graph replay, median per call, input sets rotated past 2x L2")
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
@@ -126,6 +138,14 @@ def main(argv=None) -> int:
                      f"min overlap {overlap:.4f}, keys bit-equal: {same_keys}")
         variants = [("triton", lambda s: scorer_call(mqa_logits_tile, s)),
                     ("cuda", lambda s: scorer_call(OI.indexer_paged_keys, s))]
+        if NN >= 2:  # MTP rows: blocks of a request's rows sharing each K tile
+            scorer_call(OI.indexer_paged_keys, s0, rows_per_req=NN)()
+            report.check(f"{shape}: the rows kernel's keys bit-equal to the warp kernel's",
+                         torch.equal(s0["out"], k_cuda))
+            variants.append((f"cuda rows (rows_per_req={NN})",
+                             lambda s: scorer_call(OI.indexer_paged_keys, s, rows_per_req=NN)))
+            variants.append((f"cuda rows, SM86 limits (84 SMs, 99 KB)", lambda s: scorer_call(
+                OI.indexer_paged_keys, s, rows_per_req=NN, sm_count=84, smem_cap=101376)))
         if args.sm_count:
             variants.append((f"cuda, grid for {args.sm_count} SMs",
                              lambda s: scorer_call(OI.indexer_paged_keys, s, sm_count=args.sm_count)))
@@ -156,7 +176,7 @@ def main(argv=None) -> int:
                        speedup_vs_triton=base / t.median_us)
             print(report.rows[-1], flush=True)
         base = None
-        for scorer in ("triton", "cuda"):
+        for scorer in ("triton", "cuda warp", "cuda") if NN >= 2 else ("triton", "cuda"):
             t = common.graph_time([topk_call(s, B, NN, H, scorer) for s in sets],
                                   min_calls=common.CALLS_PER_REPLAY)
             base = t.median_us if scorer == "triton" else base

@@ -170,7 +170,9 @@ def test_indexer_scorer_valid_reaches_op_with_a_page_view(rec):
     assert name == "indexer_paged_keys"
     flat = args[3]
     assert flat.shape == (5, 64 * 132) and flat.data_ptr() == kw["pages"].data_ptr()  # no copy
-    assert args[8:] == (0, 128, 64, 0, 0, 0)
+    assert args[8:] == (0, 128, 64, 0, 0, 0, 0)
+    ops_indexer.indexer_paged_keys(**kw, rows_per_req=6)
+    assert rec.calls[1][1][-1] == 6
 
 
 @pytest.mark.parametrize("arg,value,match", [
@@ -187,6 +189,7 @@ def test_indexer_scorer_valid_reaches_op_with_a_page_view(rec):
     ("block_table", torch.zeros(8, dtype=torch.int32), "block_table must be"),
     ("chunk", 96, "chunk must be 0 or a positive multiple of 64"),
     ("col0", -1, "col0 and n_cols must be >= 0"),
+    ("rows_per_req", 9, r"rows_per_req must be in \[0, 8\]"),
 ])
 def test_indexer_scorer_rejects(rec, arg, value, match):
     kw = _scorer_args()

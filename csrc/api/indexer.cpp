@@ -1,5 +1,6 @@
 // Torch-facing ops of the lightning indexer's scorer (argument checks + launch):
-//   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu, paged cache)
+//   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu, paged cache; with
+//                                       rows_per_req >= 2 the rows kernel, indexer_rows.cu)
 //   deepinfer_sm80::indexer_flat_keys  (out variant; over a flat workspace: by default the
 //                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
@@ -20,7 +21,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                         const at::Tensor& pages, const at::Tensor& block_table,
                         const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
                         int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
-                        int64_t sm_count, int64_t smem_cap) {
+                        int64_t sm_count, int64_t smem_cap, int64_t rows_per_req) {
   const at::Device dev = q.device();
   api::check_cuda(q, "q", dev);
   api::check_dtype(q, "q", at::kByte);
@@ -88,7 +89,13 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                 " spans more than ", kIndexerKeysMaxPages - 2, " pages of ", block_size,
                 " columns; pass a smaller chunk");
   }
-  launch_indexer_keys(p, lim, api::stream());
+  TORCH_CHECK(rows_per_req >= 0 && rows_per_req <= 8, "rows_per_req must be in [0, 8], got ", rows_per_req);
+  p.group_rows = static_cast<int>(rows_per_req);
+  if (rows_per_req >= 2 && indexer_rows_fits(p.heads, lim, p.group_rows)) {
+    launch_indexer_rows(p, lim, api::stream());  // blocks of a request's rows share its K
+  } else {
+    launch_indexer_keys(p, lim, api::stream());
+  }
   api::check_launch();
 }
 
@@ -212,7 +219,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
       "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
-      "int block_size, int chunk=0, int sm_count=0, int smem_cap=0) -> ()");
+      "int block_size, int chunk=0, int sm_count=0, int smem_cap=0, int rows_per_req=0) -> ()");
   m.def(
       "indexer_flat_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor k_codes, "
       "Tensor k_scale, Tensor lo, Tensor hi, int col0, int n_cols, int chunk=0, "

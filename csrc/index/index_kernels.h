@@ -99,6 +99,11 @@ struct IndexerKeysParams {
   int64_t k_stride = 0;
   const float* k_scales = nullptr;
   int64_t num_k = 0;
+  // Paged mode of the rows kernel (launch_indexer_rows): rows per block, each block taking rows
+  // [b * group_rows, (b + 1) * group_rows); 2..8. Rows of one request should be contiguous and
+  // aligned to it (then a block streams one request's pages once for all its rows); any order
+  // is correct.
+  int group_rows = 0;
 };
 
 constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
@@ -106,9 +111,10 @@ constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
 // the page table stays within 8 KB of shared memory).
 constexpr int kIndexerKeysMaxPages = 2048;
 void launch_indexer_keys(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
-// Flat mode with blocks of rows sharing each decoded K tile (indexer_rows.cu): the same keys,
-// bit for bit. Fits where two rows' fp16 Q and weights (heads x 520 B) fit the cap.
-bool indexer_rows_fits(int heads, const DeviceLimits& lim);
+// Blocks of rows sharing each decoded K tile (indexer_rows.cu): the same keys as
+// launch_indexer_keys, bit for bit. Flat mode (k_codes set, group_rows 0) or paged (group_rows
+// 2..8). Fits where the block's fp16 Q, weights and (paged) page-id table fit the cap.
+bool indexer_rows_fits(int heads, const DeviceLimits& lim, int group_rows = 0);
 void launch_indexer_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream);
 
 // Per-row top-k of int64 keys, sorted descending (row_topk.cu): out[r, :k] equals

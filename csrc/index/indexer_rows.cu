@@ -48,14 +48,18 @@ using indexer_keys::order_key;
 constexpr int kPairCols = 32;       // columns a warp takes at a time (two M tiles)
 constexpr int kHeadRowBytes = kD * 2;  // a head's 128 fp16 values in shared memory
 
-template <int NT, int kR>
+template <int NT, int kR, bool kPaged>
 constexpr int smem_bytes() {
-  return kR * 8 * NT * (kHeadRowBytes + 4) + kR * 16;  // fp16 Q rows + weights + row windows
+  // fp16 Q rows + weights + row windows (+ paged: a chunk's page ids)
+  return kR * 8 * NT * (kHeadRowBytes + 4) + kR * 16 + (kPaged ? 4 * kIndexerKeysMaxPages : 0);
 }
 
-// Rows row0 .. row0 + kR - 1 of the call (rows past p.rows take no part), columns
-// [c_begin, c_begin + chunk) of the call; kWarps warps, registers for kMinBlocks per SM.
-template <int NT, int kR, int kWarps, int kMinBlocks>
+// Rows row0 .. row0 + G - 1 of the call (G = kR, or p.group_rows <= kR in paged mode; rows past
+// p.rows take no part), columns [c_begin, c_begin + chunk) of the call; kWarps warps, registers
+// for kMinBlocks per SM. Paged mode: the block's rows are taken in runs of equal row_req (one
+// run when the rows of a request are contiguous and blocks are aligned to them, as decode_topk
+// lays them out); each run streams its request's pages.
+template <int NT, int kR, int kWarps, int kMinBlocks, bool kPaged>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 indexer_rows_kernel(const IndexerKeysParams p) {
   constexpr int kHeads = 8 * NT;
@@ -63,69 +67,43 @@ indexer_rows_kernel(const IndexerKeysParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sq = smem;                                                // [kR][heads][256 B]
   float* sw = reinterpret_cast<float*>(smem + kR * kHeads * kHeadRowBytes);  // [kR][heads]
-  int4* swin = reinterpret_cast<int4*>(sw + kR * kHeads);  // [kR]: v0, v1, lo of each row
+  int4* swin = reinterpret_cast<int4*>(sw + kR * kHeads);  // [kR]: v0, v1, lo, req of each row
+  int32_t* spage = reinterpret_cast<int32_t*>(swin + kR);  // paged: the run's page ids
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int row0 = blockIdx.x * kR;
+  const int group = kPaged ? p.group_rows : kR;
+  const int row0 = blockIdx.x * group;
+  const int live = min(group, p.rows - row0);
   const int c_begin = blockIdx.y * p.chunk;
   const int ncols = min(p.chunk, p.n_cols - c_begin);
   const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the chunk
 
-  // each row's visible columns, chunk-local [v0, v1), and their union [u0, u1)
-  int v0[kR], v1[kR], lo[kR];
-  int u0 = ncols, u1 = 0;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    v0[r] = 0; v1[r] = 0; lo[r] = 0;
-    if (row0 + r < p.rows) {
-      lo[r] = p.lo[row0 + r];
-      const int64_t lo_rel = static_cast<int64_t>(lo[r]) - base;
-      const int64_t hi_rel = static_cast<int64_t>(p.hi[row0 + r]) - base;
-      v0[r] = static_cast<int>(lo_rel > 0 ? lo_rel : 0);
-      v1[r] = static_cast<int>(hi_rel < ncols ? hi_rel : ncols);
-      if (v0[r] < v1[r]) {
-        u0 = min(u0, v0[r]);
-        u1 = max(u1, v1[r]);
-      }
-    }
+  // each row's visible columns, chunk-local [v0, v1), and (paged) its request
+  if (tid < live) {
+    const int lo = p.lo[row0 + tid];
+    const int64_t lo_rel = static_cast<int64_t>(lo) - base;
+    const int64_t hi_rel = static_cast<int64_t>(p.hi[row0 + tid]) - base;
+    swin[tid] = make_int4(static_cast<int>(lo_rel > 0 ? lo_rel : 0),
+                          static_cast<int>(hi_rel < ncols ? hi_rel : ncols), lo,
+                          kPaged ? p.row_req[row0 + tid] : 0);
   }
-  if (tid < kR) swin[tid] = make_int4(v0[tid], v1[tid], lo[tid], 0);
-  const int pair_first = u0 < u1 ? u0 / kPairCols : 0;
-  const int pair_end = u0 < u1 ? (u1 + kPairCols - 1) / kPairCols : 0;
-  // columns of no pair
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    if (row0 + r >= p.rows) continue;
-    int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
-    for (int i = tid; i < ncols; i += kWarps * 32) {
-      if (i < pair_first * kPairCols || i >= pair_end * kPairCols) out[i] = kKeyMin;
-    }
-  }
-  if (pair_first >= pair_end) return;
 
   // Q of the block's rows as fp16 (x 2^-8) in the order lane (g, t) reads its B fragments: the
   // 16-byte chunk (s, half) of a head row holds, for t = 0..3, codes 32t + 4s + 2 half + {0, 1}.
   // A NaN code anywhere in a head's row makes element 0 NaN: every dot product of the head.
-  for (int i = tid; i < kR * kHeads; i += kWarps * 32) {
+  for (int i = tid; i < live * kHeads; i += kWarps * 32) {
     const int r = i / kHeads, h = i - r * kHeads;
     uint8_t* dst = sq + static_cast<int64_t>(i) * kHeadRowBytes;
-    const bool live = row0 + r < p.rows;
     uint32_t w[32];
-    if (live) {
-      const uint4* src = reinterpret_cast<const uint4*>(
-          p.q + (static_cast<int64_t>(row0 + r) * p.heads + h) * kD);
+    const uint4* src = reinterpret_cast<const uint4*>(p.q + (static_cast<int64_t>(row0 + r) * p.heads + h) * kD);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint4 v = __ldg(src + k);
-        w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < 32; ++k) w[k] = 0u;
+    for (int k = 0; k < 8; ++k) {
+      const uint4 v = __ldg(src + k);
+      w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
     }
     uint32_t nf = 0;
 #pragma unroll
@@ -143,145 +121,211 @@ indexer_rows_kernel(const IndexerKeysParams p) {
         *reinterpret_cast<uint4*>(dst + (((2 * s + half) ^ (h & 7)) << 4)) = c;
       }
     }
-    sw[i] = live ? p.w[static_cast<int64_t>(row0 + r) * p.heads + h] * 65536.0f : 0.0f;
+    sw[i] = p.w[static_cast<int64_t>(row0 + r) * p.heads + h] * 65536.0f;
   }
   __syncthreads();
-
-  // Codes of pair j's columns g + 8q (q = 0..3), bytes [32t, 32t + 32), and the scale of
-  // column `lane`; zero outside the union or at / past num_k (such a column scores 0).
-  auto load_pair = [&](int j, uint4 (&raw)[8], float& scale) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int lc = j * kPairCols + g + 8 * q;
-      const int64_t col = base + lc;
-      if (lc >= u0 && lc < u1 && col < p.num_k) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.k_codes + col * p.k_stride + 32 * t);
-        raw[2 * q] = __ldg(src);
-        raw[2 * q + 1] = __ldg(src + 1);
-      } else {
-        raw[2 * q] = make_uint4(0u, 0u, 0u, 0u);
-        raw[2 * q + 1] = raw[2 * q];
-      }
-    }
-    const int lc = j * kPairCols + lane;
-    const int64_t col = base + lc;
-    scale = (lc >= u0 && lc < u1 && col < p.num_k) ? __ldg(p.k_scales + col) : 0.0f;
-  };
 
   // ldmatrix row address of this lane for head tile n, steps (2 s2, 2 s2 + 1): matrix
   // m = lane / 8 (step 2 s2 + m / 2, half m % 2), head row 8n + lane % 8
   const int lm = lane >> 3, li = lane & 7;
   const uint32_t q_lane = smem_u32(sq) + li * kHeadRowBytes;
 
-  const int j0 = pair_first + warp;
-  uint4 raw[8];
-  float scale = 0.0f;
-  if (j0 < pair_end) load_pair(j0, raw, scale);
 #pragma unroll 1
-  for (int j = j0; j < pair_end; j += kWarps) {
-    uint32_t kw[4][8];  // this pair's words: column g + 8q, word s = bytes 32t + 4s .. + 3
-#pragma unroll
-    for (int q = 0; q < 4; ++q) indexer_keys::words8(raw[2 * q], raw[2 * q + 1], kw[q]);
-    const float col_scale = scale;
-    if (j + kWarps < pair_end) load_pair(j + kWarps, raw, scale);
-
-    // A fragments of M tile m (columns 16m + g and 16m + g + 8), step s
-    uint32_t a[2][8][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      uint32_t ng = 0, nh = 0;
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        ng = e4m3_nan_fold(ng, kw[2 * m][s]);
-        nh = e4m3_nan_fold(nh, kw[2 * m + 1][s]);
-      }
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        a[m][s][0] = e4m3x2_lo_to_f16x2_m8(kw[2 * m][s]);
-        a[m][s][1] = e4m3x2_lo_to_f16x2_m8(kw[2 * m + 1][s]);
-        a[m][s][2] = e4m3x2_hi_to_f16x2_m8(kw[2 * m][s]);
-        a[m][s][3] = e4m3x2_hi_to_f16x2_m8(kw[2 * m + 1][s]);
-      }
-      if (e4m3_nan_any(ng)) a[m][0][0] = kF16x2NaN;
-      if (e4m3_nan_any(nh)) a[m][0][1] = kF16x2NaN;
+  for (int rb = 0; rb < live;) {  // runs [rb, re) of rows with one request (flat: one run)
+    int re = live;
+    int req = 0;
+    if constexpr (kPaged) {
+      req = swin[rb].w;
+      re = rb + 1;
+      while (re < live && swin[re].w == req) ++re;
     }
-
-    const int lc = j * kPairCols + g + 8 * t;  // the column this lane writes
-    const float sc = __shfl_sync(0xFFFFFFFFu, col_scale, g + 8 * t);
-#pragma unroll 1
-    for (int r = 0; r < kR; ++r) {
-      if (row0 + r >= p.rows) break;
-      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
-      const int4 win = swin[r];  // v0, v1, lo of row r
-      if (j * kPairCols >= win.y || (j + 1) * kPairCols <= win.x) {  // the row sees none of it
-        if (lc < ncols) out[lc] = kKeyMin;
-        continue;
+    const bool have_req = !kPaged || (req >= 0 && req < p.num_reqs);
+    int u0 = ncols, u1 = 0;  // the union of the run's visible columns
+    for (int r = rb; r < re; ++r) {
+      const int4 win = swin[r];
+      if (win.x < win.y) {
+        u0 = min(u0, win.x);
+        u1 = max(u1, win.y);
       }
-      const uint32_t q_row = q_lane + r * kHeads * kHeadRowBytes;
-      const float* wr = sw + r * kHeads;
-      // per M tile: two partial sums per column (even and odd head tiles), as indexer_keys.cu
-      float pg[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, ph[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    }
+    if (!have_req) u1 = 0;
+    const int pair_first = u0 < u1 ? u0 / kPairCols : 0;
+    const int pair_end = u0 < u1 ? (u1 + kPairCols - 1) / kPairCols : 0;
+    for (int r = rb; r < re; ++r) {  // columns of no pair
+      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
+      for (int i = tid; i < ncols; i += kWarps * 32) {
+        if (i < pair_first * kPairCols || i >= pair_end * kPairCols) out[i] = kKeyMin;
+      }
+    }
+    const int run_begin = rb;
+    rb = re;
+    if (pair_first >= pair_end) continue;
+
+    // paged: the page ids of the blocks covering the union (-1: outside the block table, a
+    // negative or out-of-range page id)
+    int first_blk = 0;
+    if constexpr (kPaged) {
+      first_blk = fast_div(static_cast<int>(base + u0), p.bs_div);
+      const int n_blk = fast_div(static_cast<int>(base + u1 - 1), p.bs_div) - first_blk + 1;
+      __syncthreads();  // the previous run's readers are done with spage
+      for (int i = tid; i < n_blk; i += kWarps * 32) {
+        const int blk = first_blk + i;
+        int32_t id = -1;
+        if (blk < p.max_blocks) {
+          const int32_t phys = p.block_table[static_cast<int64_t>(req) * p.bt_stride0 +
+                                             static_cast<int64_t>(blk) * p.bt_stride1];
+          if (phys >= 0 && phys < p.num_pages) id = phys;
+        }
+        spage[i] = id;
+      }
+      __syncthreads();
+    }
+    // where chunk-local column lc keeps its codes (scale false, bytes 32t..) or its fp32 scale;
+    // nullptr outside the union, at / past num_k (flat) or without a page (paged): scores 0
+    auto column = [&](int lc, bool scale) -> const uint8_t* {
+      if (lc < u0 || lc >= u1) return nullptr;
+      const int64_t col = base + lc;
+      if constexpr (kPaged) {
+        const int blk = fast_div(static_cast<int>(col), p.bs_div);
+        const int slot = static_cast<int>(col) - blk * p.block_size;
+        const int32_t phys = spage[blk - first_blk];
+        if (phys < 0) return nullptr;
+        const uint8_t* page = p.pages + static_cast<int64_t>(phys) * p.page_stride;
+        return scale ? page + static_cast<int64_t>(p.block_size) * kD + 4 * static_cast<int64_t>(slot)
+                     : page + static_cast<int64_t>(slot) * kD + 32 * t;
+      } else {
+        if (col >= p.num_k) return nullptr;
+        return scale ? reinterpret_cast<const uint8_t*>(p.k_scales + col) : p.k_codes + col * p.k_stride + 32 * t;
+      }
+    };
+    // codes of pair j's columns g + 8q (q = 0..3), bytes [32t, 32t + 32), and the scale of
+    // column `lane`
+    auto load_pair = [&](int j, uint4 (&raw)[8], float& scale) {
 #pragma unroll
-      for (int n0 = 0; n0 < NT; n0 += kGroup) {
-        float acc[kGroup][2][4];
+      for (int q = 0; q < 4; ++q) {
+        const uint8_t* src = column(j * kPairCols + g + 8 * q, false);
+        if (src != nullptr) {
+          raw[2 * q] = __ldg(reinterpret_cast<const uint4*>(src));
+          raw[2 * q + 1] = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+        } else {
+          raw[2 * q] = make_uint4(0u, 0u, 0u, 0u);
+          raw[2 * q + 1] = raw[2 * q];
+        }
+      }
+      const uint8_t* src = column(j * kPairCols + lane, true);
+      scale = src != nullptr ? __ldg(reinterpret_cast<const float*>(src)) : 0.0f;
+    };
+
+    const int j0 = pair_first + warp;
+    uint4 raw[8];
+    float scale = 0.0f;
+    if (j0 < pair_end) load_pair(j0, raw, scale);
+#pragma unroll 1
+    for (int j = j0; j < pair_end; j += kWarps) {
+      uint32_t kw[4][8];  // this pair's words: column g + 8q, word s = bytes 32t + 4s .. + 3
 #pragma unroll
-        for (int n = 0; n < kGroup; ++n)
+      for (int q = 0; q < 4; ++q) indexer_keys::words8(raw[2 * q], raw[2 * q + 1], kw[q]);
+      const float col_scale = scale;
+      if (j + kWarps < pair_end) load_pair(j + kWarps, raw, scale);
+
+      // A fragments of M tile m (columns 16m + g and 16m + g + 8), step s
+      uint32_t a[2][8][4];
 #pragma unroll
-          for (int m = 0; m < 2; ++m) acc[n][m][0] = acc[n][m][1] = acc[n][m][2] = acc[n][m][3] = 0.0f;
+      for (int m = 0; m < 2; ++m) {
+        uint32_t ng = 0, nh = 0;
 #pragma unroll
-        for (int s2 = 0; s2 < 4; ++s2) {
-          uint32_t b[kGroup][4];
+        for (int s = 0; s < 8; ++s) {
+          ng = e4m3_nan_fold(ng, kw[2 * m][s]);
+          nh = e4m3_nan_fold(nh, kw[2 * m + 1][s]);
+        }
 #pragma unroll
-          for (int n = 0; n < kGroup; ++n) {
-            const int chunk = 4 * s2 + lm;  // 16-byte chunk (step 2 s2 + lm / 2, half lm % 2)
-            ldmatrix_x4(q_row + (n0 + n) * 8 * kHeadRowBytes + ((chunk ^ li) << 4), b[n][0], b[n][1],
-                        b[n][2], b[n][3]);
-          }
+        for (int s = 0; s < 8; ++s) {
+          a[m][s][0] = e4m3x2_lo_to_f16x2_m8(kw[2 * m][s]);
+          a[m][s][1] = e4m3x2_lo_to_f16x2_m8(kw[2 * m + 1][s]);
+          a[m][s][2] = e4m3x2_hi_to_f16x2_m8(kw[2 * m][s]);
+          a[m][s][3] = e4m3x2_hi_to_f16x2_m8(kw[2 * m + 1][s]);
+        }
+        if (e4m3_nan_any(ng)) a[m][0][0] = kF16x2NaN;
+        if (e4m3_nan_any(nh)) a[m][0][1] = kF16x2NaN;
+      }
+
+      const int lc = j * kPairCols + g + 8 * t;  // the column this lane writes
+      const float sc = __shfl_sync(0xFFFFFFFFu, col_scale, g + 8 * t);
+#pragma unroll 1
+      for (int r = run_begin; r < rb; ++r) {
+        int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0 + c_begin;
+        const int4 win = swin[r];  // v0, v1, lo of row r
+        if (j * kPairCols >= win.y || (j + 1) * kPairCols <= win.x) {  // the row sees none of it
+          if (lc < ncols) out[lc] = kKeyMin;
+          continue;
+        }
+        const uint32_t q_row = q_lane + r * kHeads * kHeadRowBytes;
+        const float* wr = sw + r * kHeads;
+        // per M tile: two partial sums per column (even and odd head tiles), as indexer_keys.cu
+        float pg[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, ph[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
+        for (int n0 = 0; n0 < NT; n0 += kGroup) {
+          float acc[kGroup][2][4];
+#pragma unroll
+          for (int n = 0; n < kGroup; ++n)
+#pragma unroll
+            for (int m = 0; m < 2; ++m) acc[n][m][0] = acc[n][m][1] = acc[n][m][2] = acc[n][m][3] = 0.0f;
+#pragma unroll
+          for (int s2 = 0; s2 < 4; ++s2) {
+            uint32_t b[kGroup][4];
 #pragma unroll
             for (int n = 0; n < kGroup; ++n) {
+              const int chunk = 4 * s2 + lm;  // 16-byte chunk (step 2 s2 + lm / 2, half lm % 2)
+              ldmatrix_x4(q_row + (n0 + n) * 8 * kHeadRowBytes + ((chunk ^ li) << 4), b[n][0], b[n][1],
+                          b[n][2], b[n][3]);
+            }
 #pragma unroll
-              for (int m = 0; m < 2; ++m) mma_f16_16816(acc[n][m], a[m][2 * s2 + e], b[n][2 * e], b[n][2 * e + 1]);
+            for (int e = 0; e < 2; ++e) {
+#pragma unroll
+              for (int n = 0; n < kGroup; ++n) {
+#pragma unroll
+                for (int m = 0; m < 2; ++m) mma_f16_16816(acc[n][m], a[m][2 * s2 + e], b[n][2 * e], b[n][2 * e + 1]);
+              }
+            }
+          }
+          // acc[n][m]: columns 16m + g (0, 1) and 16m + g + 8 (2, 3), heads 8(n0 + n) + 2t, + 1
+#pragma unroll
+          for (int n = 0; n < kGroup; ++n) {
+            const int nt = n0 + n;
+            const float2 wv = *reinterpret_cast<const float2*>(wr + 8 * nt + 2 * t);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              pg[m][nt & 1] += fmaxf(acc[n][m][0], 0.0f) * wv.x;
+              ph[m][nt & 1] += fmaxf(acc[n][m][2], 0.0f) * wv.x;
+              pg[m][nt & 1] += fmaxf(acc[n][m][1], 0.0f) * wv.y;
+              ph[m][nt & 1] += fmaxf(acc[n][m][3], 0.0f) * wv.y;
             }
           }
         }
-        // acc[n][m]: columns 16m + g (0, 1) and 16m + g + 8 (2, 3), heads 8(n0 + n) + 2t, + 1
+        float v[4] = {pg[0][0] + pg[0][1], ph[0][0] + ph[0][1], pg[1][0] + pg[1][1], ph[1][0] + ph[1][1]};
 #pragma unroll
-        for (int n = 0; n < kGroup; ++n) {
-          const int nt = n0 + n;
-          const float2 wv = *reinterpret_cast<const float2*>(wr + 8 * nt + 2 * t);
+        for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 1);
 #pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            pg[m][nt & 1] += fmaxf(acc[n][m][0], 0.0f) * wv.x;
-            ph[m][nt & 1] += fmaxf(acc[n][m][2], 0.0f) * wv.x;
-            pg[m][nt & 1] += fmaxf(acc[n][m][1], 0.0f) * wv.y;
-            ph[m][nt & 1] += fmaxf(acc[n][m][3], 0.0f) * wv.y;
+        for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 2);
+        if (lc < ncols) {
+          int64_t key = kKeyMin;
+          if (lc >= win.x && lc < win.y) {
+            const float x = t == 0 ? v[0] : t == 1 ? v[1] : t == 2 ? v[2] : v[3];
+            key = order_key(x * sc, base + lc - win.z);
           }
+          out[lc] = key;
         }
-      }
-      float v[4] = {pg[0][0] + pg[0][1], ph[0][0] + ph[0][1], pg[1][0] + pg[1][1], ph[1][0] + ph[1][1]};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 1);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], 2);
-      if (lc < ncols) {
-        int64_t key = kKeyMin;
-        if (lc >= win.x && lc < win.y) {
-          const float x = t == 0 ? v[0] : t == 1 ? v[1] : t == 2 ? v[2] : v[3];
-          key = order_key(x * sc, base + lc - win.z);
-        }
-        out[lc] = key;
       }
     }
   }
 }
 
-template <int NT, int kR, int kW, int kMB>
+template <int NT, int kR, int kW, int kMB, bool kPaged>
 int resident_blocks(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR, kW, kMB>, kW * 32, smem) !=
-          cudaSuccess || n <= 0) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR, kW, kMB, kPaged>, kW * 32,
+                                                    smem) != cudaSuccess ||
+      n <= 0) {
     n = 1;
   }
   return n;
@@ -319,49 +363,69 @@ int rows_chunk(int row_groups, int n_cols, int resident, int warps) {
   return static_cast<int>(chunk);
 }
 
-template <int NT, int kR, int kW, int kMB>
+template <int NT, int kR, int kW, int kMB, bool kPaged>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
-  constexpr int smem = smem_bytes<NT, kR>();
-  auto* kernel = indexer_rows_kernel<NT, kR, kW, kMB>;
+  constexpr int smem = smem_bytes<NT, kR, kPaged>();
+  auto* kernel = indexer_rows_kernel<NT, kR, kW, kMB, kPaged>;
   static const bool opted_in = [&] {  // beyond 48 KB of dynamic shared memory
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
   }();
   (void)opted_in;
-  const int groups = (p.rows + kR - 1) / kR;
+  if (!kPaged) p.group_rows = kR;
+  const int groups = (p.rows + p.group_rows - 1) / p.group_rows;
   if (p.chunk <= 0) {
     // resident blocks per SM: what the registers allow, and the shared memory under the cap
-    static const int per_sm = resident_blocks<NT, kR, kW, kMB>(smem);
+    static const int per_sm = resident_blocks<NT, kR, kW, kMB, kPaged>(smem);
     const int fit = lim.max_dynamic_smem / smem;
     p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * (per_sm < fit ? per_sm : fit), kW);
+    if (kPaged) {  // at most kIndexerKeysMaxPages - 2 pages per chunk (the page-id table)
+      const int64_t cap = static_cast<int64_t>(kIndexerKeysMaxPages - 2) * p.block_size /
+                          kIndexerKeysChunkStep * kIndexerKeysChunkStep;
+      if (p.chunk > cap) p.chunk = static_cast<int>(cap);
+    }
   }
   dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
   kernel<<<grid, kW * 32, smem, stream>>>(p);
 }
 
-// Rows per block: the most of 8, 4, 2 whose fp16 Q fits the shared-memory cap (8 x 64 heads:
-// 133 KB, under SM80's 163 KB; SM86's 99 KB takes 4). Eight warps, one block per SM (236
-// registers at 64 heads). Measurement knob $DEEPINFER_INDEXER_ROWS = 2 | 4 | 8 (read once per
-// process): at most that many rows. Measured and dropped (2026-12-02, docs/indexer-scorer.md):
-// 4-warp blocks, two per SM (prologues overlap, 2-3% behind 8 rows) and 2 rows in 4-warp
-// blocks held to 3 per SM (170 registers; 64 heads spill).
+// Rows per block (flat): the most of 8, 4, 2 whose fp16 Q fits the shared-memory cap (8 x 64
+// heads: 133 KB, under SM80's 163 KB; SM86's 99 KB takes 4). Paged: the fewest of 2, 4, 8 that
+// hold p.group_rows. Eight warps, one block per SM (236 registers at 64 heads). Measurement knob
+// $DEEPINFER_INDEXER_ROWS = 2 | 4 | 8 (read once per process): at most that many rows (flat).
+// Measured and dropped (2026-12-02, docs/indexer-scorer.md): 4-warp blocks, two per SM
+// (prologues overlap, 2-3% behind 8 rows) and 2 rows in 4-warp blocks held to 3 per SM (170
+// registers; 64 heads spill).
 template <int NT>
 void launch_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
+  if (p.k_codes == nullptr) {
+    if (p.group_rows <= 2) return launch_nt<NT, 2, 8, 1, true>(p, lim, stream);
+    if (p.group_rows <= 4) return launch_nt<NT, 4, 8, 1, true>(p, lim, stream);
+    return launch_nt<NT, 8, 8, 1, true>(p, lim, stream);
+  }
   static const int most = knob_int("DEEPINFER_INDEXER_ROWS", 8);
   const int cap = lim.max_dynamic_smem;
-  if (most >= 8 && smem_bytes<NT, 8>() <= cap) return launch_nt<NT, 8, 8, 1>(p, lim, stream);
-  if (most >= 4 && smem_bytes<NT, 4>() <= cap) return launch_nt<NT, 4, 8, 1>(p, lim, stream);
-  launch_nt<NT, 2, 8, 1>(p, lim, stream);
+  if (most >= 8 && smem_bytes<NT, 8, false>() <= cap) return launch_nt<NT, 8, 8, 1, false>(p, lim, stream);
+  if (most >= 4 && smem_bytes<NT, 4, false>() <= cap) return launch_nt<NT, 4, 8, 1, false>(p, lim, stream);
+  launch_nt<NT, 2, 8, 1, false>(p, lim, stream);
 }
 
 }  // namespace
 
-bool indexer_rows_fits(int heads, const DeviceLimits& lim) {
-  return (heads == 16 || heads == 32 || heads == 64) &&
-         2 * heads * (kHeadRowBytes + 4) + 2 * 16 <= lim.max_dynamic_smem;  // smem_bytes<heads / 8, 2>
+int indexer_rows_smem(int heads, int group_rows, bool paged) {
+  const int r = group_rows <= 2 ? 2 : group_rows <= 4 ? 4 : 8;
+  return r * heads * (kHeadRowBytes + 4) + r * 16 + (paged ? 4 * kIndexerKeysMaxPages : 0);
 }
 
-void launch_indexer_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
-  if (p.rows <= 0 || p.n_cols <= 0) return;
+bool indexer_rows_fits(int heads, const DeviceLimits& lim, int group_rows) {
+  const bool paged = group_rows > 0;
+  return (heads == 16 || heads == 32 || heads == 64) && group_rows <= 8 &&
+         indexer_rows_smem(heads, paged ? group_rows : 2, paged) <= lim.max_dynamic_smem;
+}
+
+void launch_indexer_rows(const IndexerKeysParams& params, const DeviceLimits& lim, cudaStream_t stream) {
+  if (params.rows <= 0 || params.n_cols <= 0) return;
+  IndexerKeysParams p = params;
+  if (p.k_codes == nullptr) p.bs_div = make_fast_div(p.block_size);
   switch (p.heads) {
     case 16: launch_rows<2>(p, lim, stream); break;
     case 32: launch_rows<4>(p, lim, stream); break;

@@ -1,5 +1,6 @@
 """The CUDA paged decode scorer of the lightning indexer (``deepinfer_sm80.ops.indexer``,
-csrc/index/indexer_keys.cu) on a GPU:
+csrc/index/indexer_keys.cu; with ``rows_per_req`` >= 2 csrc/index/indexer_rows.cu, blocks of a
+request's rows sharing each K tile) on a GPU:
 
 * exact (dyadic) inputs: keys bit-equal to the float64 oracle's and to the Triton scorer's,
   over head counts, request layouts, visible ranges, column offsets, chunk sizes, strided
@@ -7,6 +8,8 @@ csrc/index/indexer_keys.cu) on a GPU:
 * every e4m3 code pair (256 x 256) through the MMA, each at every dot-product position;
 * NaN codes: the same keys as the Triton scorer (a poisoned head or column counts 0);
 * random full-range codes: within fp32 accumulation error of float64;
+* the rows kernel's keys bit-equal to the warp kernel's on random full-range inputs (NaN codes,
+  invalid pages and requests, rows in any order, 2..8 rows per block);
 * ``decode_topk`` with the CUDA scorer equal to the Triton scorer's indices, eager and under
   CUDA-graph replay on fresh queries.
 Outputs are poisoned before every call."""
@@ -96,10 +99,11 @@ def _run(fn, c, row_req, lo, hi, col0, n_cols, **kw):
 SM86_SMEM = 101376  # 99 KB: the 4-stage ring
 
 
+@pytest.mark.parametrize("rows", ["warp", "rows"])
 @pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("H", [16, 32, 64])
 @pytest.mark.parametrize("NN", [1, 6])
-def test_exact_keys_match_oracle_and_triton(rng, H, NN, smem_cap):
+def test_exact_keys_match_oracle_and_triton(rng, H, NN, smem_cap, rows):
     bs = 64
     ctxs = [0, 1, 200, 64, 257][: 3 if NN == 6 else 5]
     B = len(ctxs)
@@ -110,18 +114,21 @@ def test_exact_keys_match_oracle_and_triton(rng, H, NN, smem_cap):
     lo = torch.zeros_like(hi)
     n_cols = c["maxb"] * bs
     want = _oracle_keys(c, row_req, lo, hi, 0, n_cols)
-    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols, smem_cap=smem_cap)
+    got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, 0, n_cols, smem_cap=smem_cap,
+               rows_per_req=NN if rows == "rows" else 0)
     assert torch.equal(got, want)
     tri = _run(mqa_logits_tile, c, row_req, lo, hi, 0, n_cols)
     assert torch.equal(tri, want)
 
 
+@pytest.mark.parametrize("rows_per_req", [0, 2, 4])
 @pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("chunk", [64, 128, 0])
 @pytest.mark.parametrize("bs", [64, 16, 8])
-def test_offsets_windows_chunks_strided_tables(rng, chunk, bs, smem_cap):
-    """col0 > 0, n_cols not a multiple of 32, lo > 0, rows of one request in any order,
-    a strided block table, pages past the context that are invalid ids."""
+def test_offsets_windows_chunks_strided_tables(rng, chunk, bs, smem_cap, rows_per_req):
+    """col0 > 0, n_cols not a multiple of 32, lo > 0, rows of one request in any order (with
+    rows_per_req: blocks whose rows belong to several requests), a strided block table, pages
+    past the context that are invalid ids."""
     ctxs = [300, 129, 77]
     c = _case(rng, B=3, NN=2, H=32, bs=bs, ctxs=ctxs, bt_stride=3, bad_pages=True)
     row_req = torch.tensor([2, 0, 1, 2, 0, 1])
@@ -130,8 +137,70 @@ def test_offsets_windows_chunks_strided_tables(rng, chunk, bs, smem_cap):
     col0, n_cols = 3, min(c["maxb"] * bs - 3, 250)
     want = _oracle_keys(c, row_req, lo, hi, col0, n_cols)
     got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, col0, n_cols, chunk=chunk,
-               smem_cap=smem_cap)
+               smem_cap=smem_cap, rows_per_req=rows_per_req)
     assert torch.equal(got, want)
+
+
+def _random_paged(g, *, B, NN, H, bs, ctx_max, nan=True):
+    """Full-range random codes (NaN codes too), random scales, weights and block table (with
+    -1, out-of-range and huge page ids past some contexts), MTP windows per row."""
+    maxb = -(-ctx_max // bs)
+    nb = B * maxb + 2
+    pages = torch.randint(0, 256, (nb, bs * 132), generator=g, dtype=torch.uint8)
+    codes = pages[:, : bs * D]
+    if not nan:
+        codes[(codes & 0x7F) == 0x7F] = 0x3C
+    pages[:, bs * D:] = (torch.rand(nb, bs, generator=g) + 0.25).contiguous().view(torch.uint8).view(nb, -1)
+    bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
+    bt[0, maxb // 2] = -1
+    if B > 1:
+        bt[1, -1] = nb
+    if B > 2:
+        bt[2, 0] = 1 << 30
+    ctx = torch.randint(0, ctx_max + 1, (B,), generator=g)
+    ctx[0] = ctx_max
+    hi = (ctx.view(B, 1) - torch.arange(NN).flip(0).view(1, NN)).clamp(min=0).reshape(-1)
+    q = torch.randint(0, 256, (B * NN, H, D), generator=g, dtype=torch.uint8)
+    w = torch.randn(B * NN, H, generator=g)
+    return dict(q=q.to(DEV), w=w.to(DEV), pages=pages.to(DEV), bt=bt.to(DEV), hi=hi.int().to(DEV),
+                lo=torch.zeros(B * NN, dtype=torch.int32, device=DEV), bs=bs, maxb=maxb,
+                row_req=torch.arange(B).repeat_interleave(NN).int().to(DEV))
+
+
+def _paged(c, **kw):
+    rows = c["q"].shape[0]
+    n_cols = kw.pop("n_cols", c["maxb"] * c["bs"])
+    out = torch.full((rows, n_cols + 3), POISON, dtype=torch.int64, device=DEV)
+    OI.indexer_paged_keys(c["q"], c["w"], col0=kw.pop("col0", 0), n_cols=n_cols, lo=c["lo"],
+                          hi=c["hi"], out=out, pages=c["pages"], block_table=c["bt"],
+                          row_req=kw.pop("row_req", c["row_req"]), block_size=c["bs"], **kw)
+    got = out.cpu()
+    assert (got[:, n_cols:] == POISON).all(), "wrote past n_cols"
+    return got[:, :n_cols]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(chunk=64), dict(col0=37, n_cols=700),
+                                dict(sm_count=108), dict(sm_count=84, smem_cap=SM86_SMEM)])
+@pytest.mark.parametrize("H", [16, 32, 64])
+@pytest.mark.parametrize("NN", [2, 3, 6, 8])
+def test_rows_kernel_equals_warp_kernel_bit_for_bit(rng, NN, H, kw):
+    """decode_topk's MTP layout (NN rows per request, contiguous), random full-range inputs:
+    the rows kernel (rows_per_req=NN) gives the warp kernel's keys exactly."""
+    c = _random_paged(rng, B=7, NN=NN, H=H, bs=64, ctx_max=900)
+    want = _paged(c, **dict(kw))
+    assert (want != I.INT64_MIN).any()
+    assert torch.equal(_paged(c, rows_per_req=NN, **dict(kw)), want)
+
+
+def test_rows_kernel_any_row_order_and_bad_requests(rng):
+    """Blocks whose rows belong to several requests (taken as runs), rows of one request not
+    contiguous, and requests outside the block table (-1, num_reqs): the warp kernel's keys."""
+    c = _random_paged(rng, B=5, NN=3, H=64, bs=16, ctx_max=300)
+    row_req = torch.tensor([0, 0, 1, 4, 4, 2, 2, 2, -1, 3, 5, 1, 3, 0, 4], dtype=torch.int32,
+                           device=DEV)
+    want = _paged(c, row_req=row_req)
+    for n in (2, 3, 5, 8):
+        assert torch.equal(_paged(c, row_req=row_req, rows_per_req=n), want), n
 
 
 def test_every_code_pair_at_every_position():

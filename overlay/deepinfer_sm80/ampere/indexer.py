@@ -401,6 +401,8 @@ def decode_topk(
         lo = torch.zeros(rows, dtype=torch.int32, device=dev)
         hi = ctx.reshape(rows).to(torch.int32)
         bt32 = block_table.to(torch.int32)
+        # the rows of a request (MTP / speculative tokens) share each decoded K tile
+        rows_kw = {"rows_per_req": NN} if use_cuda and 2 <= NN <= 8 else {}
         total = maxb * block_size
         tile = pages_per_tile * block_size if pages_per_tile else max(
             block_size, (tile_budget // max(1, rows * 8)) // block_size * block_size)
@@ -409,7 +411,7 @@ def decode_topk(
             t1 = min(total, t0 + tile)
             keys = score_keys(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
                               pages=kv_cache, block_table=bt32, row_req=row_req,
-                              block_size=block_size)[:, : t1 - t0]
+                              block_size=block_size, **rows_kw)[:, : t1 - t0]
             if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
             best = merge_topk(best, keys, topk, cuda_topk)

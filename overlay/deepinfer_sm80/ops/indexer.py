@@ -100,7 +100,7 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
                        lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
                        pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
                        block_size: int, chunk: int = 0, sm_count: int | None = None,
-                       smem_cap: int | None = None) -> torch.Tensor:
+                       smem_cap: int | None = None, rows_per_req: int = 0) -> torch.Tensor:
     """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
     (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
     ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
@@ -108,7 +108,12 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
     0 sizes it from the SM count). ``sm_count`` / ``smem_cap``: size the grid and the ring depth
     for another part (e.g. 108 SMs, or SM86's 101376-byte shared-memory limit: a 4-stage ring
-    instead of 8); 0/None: the device's."""
+    instead of 8); 0/None: the device's. ``rows_per_req`` (2..8; MTP / speculative decode rows):
+    blocks take rows [k n, (k + 1) n) together and decode each K tile once for all of them
+    (csrc/index/indexer_rows.cu); best when those rows share a request, correct in any order;
+    the same keys, bit for bit. 0 or 1: a warp per row (csrc/index/indexer_keys.cu)."""
+    if not 0 <= int(rows_per_req) <= 8:
+        raise ValueError(f"rows_per_req must be in [0, 8], got {rows_per_req}")
     dev, rows = _check_rows(q_u8, w, out)
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -123,7 +128,7 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     _check_columns(col0, n_cols, chunk)
     _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
                               int(n_cols), int(block_size), int(chunk), int(sm_count or 0),
-                              int(smem_cap or 0))
+                              int(smem_cap or 0), int(rows_per_req))
     return out
 
 
