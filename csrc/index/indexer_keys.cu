@@ -394,24 +394,15 @@ void launch_indexer_keys(const IndexerKeysParams& params, const DeviceLimits& li
   if (p.k_codes != nullptr) {  // flat mode: no pages (block_size only sizes the page table: none)
     p.block_size = 1 << 20;
     p.bs_div = make_fast_div(p.block_size);
-    switch (p.heads) {
-      case 16: launch_ring<2, 0, true>(p, lim, stream); break;
-      case 32: launch_ring<4, 0, true>(p, lim, stream); break;
-      case 64: launch_ring<8, 0, true>(p, lim, stream); break;
-      default: break;
-    }
+    indexer_keys::with_head_tiles(
+        p.heads, [&](auto nt) { launch_ring<decltype(nt)::value, 0, true>(p, lim, stream); });
     return;
   }
   p.bs_div = make_fast_div(p.block_size);
   static const int diag = knob_int("DEEPINFER_INDEXER_DIAG", 0);
   if (diag == 1 && p.heads == 64) return launch_ring<8, 1>(p, lim, stream);
   if (diag == 2 && p.heads == 64) return launch_ring<8, 2>(p, lim, stream);
-  switch (p.heads) {
-    case 16: launch_ring<2>(p, lim, stream); break;
-    case 32: launch_ring<4>(p, lim, stream); break;
-    case 64: launch_ring<8>(p, lim, stream); break;
-    default: break;  // the op checks heads first
-  }
+  indexer_keys::with_head_tiles(p.heads, [&](auto nt) { launch_ring<decltype(nt)::value>(p, lim, stream); });
 }
 
 }  // namespace deepinfer_sm80

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace deepinfer_sm80 {
 namespace indexer_keys {
@@ -26,6 +27,18 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
   const int32_t bits = __float_as_int(x);
   const int64_t ordered = bits < 0 ? static_cast<int64_t>(bits ^ 0x7FFFFFFF) : bits;
   return ordered * (int64_t{1} << 32) + (int64_t{0xFFFFFFFF} - local);
+}
+
+// Calls f(std::integral_constant<int, NT>{}) with NT = heads / 8 head tiles for 16, 32 or 64
+// heads (the ops check the head count first); false for any other count.
+template <class F>
+bool with_head_tiles(int heads, F&& f) {
+  switch (heads) {
+    case 16: f(std::integral_constant<int, 2>{}); return true;
+    case 32: f(std::integral_constant<int, 4>{}); return true;
+    case 64: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
 }
 
 }  // namespace indexer_keys

@@ -426,12 +426,7 @@ void launch_indexer_rows(const IndexerKeysParams& params, const DeviceLimits& li
   if (params.rows <= 0 || params.n_cols <= 0) return;
   IndexerKeysParams p = params;
   if (p.k_codes == nullptr) p.bs_div = make_fast_div(p.block_size);
-  switch (p.heads) {
-    case 16: launch_rows<2>(p, lim, stream); break;
-    case 32: launch_rows<4>(p, lim, stream); break;
-    case 64: launch_rows<8>(p, lim, stream); break;
-    default: break;  // the op checks heads first
-  }
+  indexer_keys::with_head_tiles(p.heads, [&](auto nt) { launch_rows<decltype(nt)::value>(p, lim, stream); });
 }
 
 }  // namespace deepinfer_sm80
