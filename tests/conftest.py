@@ -9,3 +9,16 @@ for _sub in ("tools", "overlay", "tests"):
     _p = str(ROOT / _sub)
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+
+def pytest_collection_finish(session):
+    """Long probes of the selected tests start now, in the background (tests/background_probes.py)."""
+    import background_probes
+
+    background_probes.start(session)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import background_probes
+
+    background_probes.stop()

@@ -37,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -97,9 +98,13 @@ def make_fake_packages(root: Path, names: tuple[str, ...] = ("cutlass", "deep_ge
 
 
 def run_probes(tree: Path, capabilities: list[str], *, installed: Path | None = None,
-               probes: tuple[str, ...] = (), timeout: float = 900) -> dict[str, Any]:
+               probes: tuple[str, ...] = (), timeout: float = 900,
+               env: dict[str, str] | None = None,
+               environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Run :data:`PROBES` (or the named subset) against ``tree`` in one subprocess, for
-    each capability (``"8.0"``...); returns capability -> probe -> decision."""
+    each capability (``"8.0"``...); returns capability -> probe -> decision. ``env``: extra
+    environment variables of the subprocess (the probes' knobs), over ``environ`` (default:
+    this process's environment now)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree)]
     for cap in capabilities:
         cmd += ["--capability", cap]
@@ -107,7 +112,9 @@ def run_probes(tree: Path, capabilities: list[str], *, installed: Path | None = 
         cmd += ["--installed", str(installed)]
     for p in probes:
         cmd += ["--probe", p]
-    env = dict(os.environ)
+    extra = env or {}
+    env = dict(os.environ if environ is None else environ)
+    env.update(extra)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Triton would look for a driver; vLLM then disables Triton. An empty device list
     # is vLLM's "distributed, devices not visible yet" case, which keeps Triton enabled.
@@ -136,12 +143,19 @@ def skip_without_dependencies() -> None:
 
 
 _TREES: dict[str, Path] = {}
+_TREES_LOCK = threading.Lock()
 
 
 def prepare_trees(tmp_path_factory: Any) -> dict[str, Path]:
     """``{"patched": ..., "pristine": ...}`` for :data:`VLLM_VERSION`, made once per
     test session: ``deepinfer apply`` into a temporary build directory (sdist from the
-    per-user cache, downloaded on first use), and its base commit's ``vllm/``."""
+    per-user cache, downloaded on first use), and its base commit's ``vllm/``. Thread-safe:
+    tests/background_probes.py may make them first, in its worker thread."""
+    with _TREES_LOCK:
+        return _prepare_trees(tmp_path_factory)
+
+
+def _prepare_trees(tmp_path_factory: Any) -> dict[str, Path]:
     if not _TREES:
         import tarfile
 

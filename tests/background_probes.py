@@ -1,0 +1,98 @@
+"""Long harness probes started in the background when collection ends, so that they overlap
+the rest of the suite.
+
+TileLang's mHC compile probes (tests/test_gates_sm80.py) take about 18 of the CPU suite's
+36 minutes on CI's 2 cores, each in one single-threaded subprocess. A test module opts in by
+defining ``background_probe_spec(item) -> (capabilities, probes, env, timeout) | None``; when the
+session's collection ends, :func:`start` runs every selected item's probe, one at a time, in a
+worker thread (one core: the suite keeps the other), against the trees of
+``vllm_cpu_harness.prepare_trees``. The test then takes its result with :func:`result` (waiting
+if it is not done yet); an error in the probe is raised there, in the test. Nothing starts when
+no opted-in test is selected, or when the harness's skip conditions hold (the test skips
+itself then, as before).
+
+$DEEPINFER_BACKGROUND_PROBES=0 turns this off: each test runs its probe when it runs."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import vllm_cpu_harness as harness
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_FUTURES: dict[tuple, concurrent.futures.Future] = {}
+_ROOT: Path | None = None  # the trees the worker made, removed at the end of the session
+
+
+def _key(capabilities: list[str], probes: tuple[str, ...], env: dict[str, str]) -> tuple:
+    return tuple(capabilities), tuple(probes), tuple(sorted(env.items()))
+
+
+class _TmpFactory:
+    """The part of pytest's tmp_path_factory that prepare_trees uses."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
+
+
+def _run(tmp: _TmpFactory, environ: dict[str, str], capabilities: list[str],
+         probes: tuple[str, ...], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    trees = harness.prepare_trees(tmp)
+    return harness.run_probes(trees["patched"], capabilities, probes=probes, timeout=timeout,
+                              env=env, environ=environ)
+
+
+def start(session: Any) -> None:
+    """Start the opted-in probes of the session's selected items (pytest_collection_finish)."""
+    global _POOL, _ROOT
+    if os.environ.get("DEEPINFER_BACKGROUND_PROBES", "1") == "0" or _POOL is not None:
+        return
+    specs = []
+    for item in session.items:
+        spec_fn = getattr(getattr(item, "module", None), "background_probe_spec", None)
+        spec = spec_fn(item) if spec_fn is not None else None
+        if spec is not None:
+            specs.append(spec)
+    if not specs or harness.missing_dependencies():
+        return
+    # the environment as collection left it: tests that run meanwhile may monkeypatch theirs
+    environ = dict(os.environ)
+    _ROOT = root = Path(tempfile.mkdtemp(prefix="deepinfer-background-probes-"))
+    tmp = _TmpFactory(root)
+    _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
+    for capabilities, probes, env, timeout in specs:
+        key = _key(capabilities, probes, env)
+        if key not in _FUTURES:
+            _FUTURES[key] = _POOL.submit(_run, tmp, environ, list(capabilities), tuple(probes),
+                                         dict(env), timeout)
+
+
+def result(trees: dict[str, Path], capabilities: list[str], probes: tuple[str, ...],
+           env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """The probe's result: from the background run when one was started for it (waiting for
+    it), else run now against ``trees``."""
+    fut = _FUTURES.get(_key(capabilities, probes, env))
+    if fut is None:
+        return harness.run_probes(trees["patched"], capabilities, probes=probes,
+                                  timeout=timeout, env=env)
+    # the probes ahead of it in the queue may still be running: wait for them as well
+    return fut.result(timeout=timeout * (1 + len(_FUTURES)))
+
+
+def stop() -> None:
+    """At the end of the session (pytest_sessionfinish): cancel what has not started, wait for
+    a running probe, remove the worker's trees."""
+    global _POOL, _ROOT
+    if _POOL is not None:
+        _POOL.shutdown(wait=True, cancel_futures=True)
+        _POOL = None
+    if _ROOT is not None:
+        shutil.rmtree(_ROOT, ignore_errors=True)
+        _ROOT = None
