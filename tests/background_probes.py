@@ -6,8 +6,9 @@ TileLang's mHC compile probes (tests/test_gates_sm80.py) take about 18 of the CP
 defining ``background_probe_spec(item) -> (capabilities, probes, env, timeout) | None``; when the
 session's collection ends, :func:`start` runs every selected item's probe, one at a time, in a
 worker thread (one core: the suite keeps the other), against the trees of
-``vllm_cpu_harness.prepare_trees``. The test then takes its result with :func:`result` (waiting
-if it is not done yet); an error in the probe is raised there, in the test. Nothing starts when
+``vllm_cpu_harness.prepare_trees``, and the opted-in tests run last (:func:`last`). The test
+then takes its result with :func:`result` (waiting if it is not done yet); an error in the
+probe is raised there, in the test. Nothing starts when
 no opted-in test is selected, or when the harness's skip conditions hold (the test skips
 itself then, as before).
 
@@ -49,6 +50,20 @@ def _run(tmp: _TmpFactory, environ: dict[str, str], capabilities: list[str],
                               env=env, environ=environ)
 
 
+def _spec(item: Any) -> tuple | None:
+    spec_fn = getattr(getattr(item, "module", None), "background_probe_spec", None)
+    return spec_fn(item) if spec_fn is not None else None
+
+
+def last(items: list) -> list:
+    """``items`` with the opted-in ones moved to the end, both parts in their order
+    (pytest_collection_modifyitems)."""
+    if os.environ.get("DEEPINFER_BACKGROUND_PROBES", "1") == "0":
+        return list(items)
+    flags = [_spec(it) is not None for it in items]
+    return [it for it, f in zip(items, flags) if not f] + [it for it, f in zip(items, flags) if f]
+
+
 def start(session: Any) -> None:
     """Start the opted-in probes of the session's selected items (pytest_collection_finish)."""
     global _POOL, _ROOT
@@ -56,8 +71,7 @@ def start(session: Any) -> None:
         return
     specs = []
     for item in session.items:
-        spec_fn = getattr(getattr(item, "module", None), "background_probe_spec", None)
-        spec = spec_fn(item) if spec_fn is not None else None
+        spec = _spec(item)
         if spec is not None:
             specs.append(spec)
     if not specs or harness.missing_dependencies():

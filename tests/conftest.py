@@ -11,6 +11,14 @@ for _sub in ("tools", "overlay", "tests"):
         sys.path.insert(0, _p)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Tests whose probes run in the background (tests/background_probes.py) go last, so that
+    the rest of the suite runs while their probes do, instead of waiting for them."""
+    import background_probes
+
+    items[:] = background_probes.last(items)
+
+
 def pytest_collection_finish(session):
     """Long probes of the selected tests start now, in the background (tests/background_probes.py)."""
     import background_probes

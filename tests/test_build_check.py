@@ -166,3 +166,43 @@ def test_static_libstdcxx_copy_is_detected(tmp_path):
         if r.returncode != 0:
             pytest.skip(f"g++ cannot link this way here: {r.stderr[-200:]}")
         assert B.carries_own_libstdcxx(lib) is want, flags
+
+
+@needs_nvcc
+def test_build_check_reuses_results_until_a_source_or_header_changes(tmp_path, monkeypatch, capfd):
+    """The build-check cache (CI runs build-check twice: in this suite and as `make
+    build-check`): a second run compiles nothing and reports the same kernels; editing a
+    header included by the kernel invalidates it; a compile error is reported, never kept."""
+    csrc = tmp_path / "csrc"
+    (csrc / "k").mkdir(parents=True)
+    (csrc / "k" / "n.h").write_text("#define N 4\n")
+    (csrc / "k" / "a.cu").write_text('#include "k/n.h"\n__global__ void a(float* p) '
+                                     "{ float v[N]; for (int i = 0; i < N; ++i) v[i] = p[i];"
+                                     " p[0] = v[N - 1]; }\n")
+    monkeypatch.setattr(B, "BUILD_CHECK_CACHE", tmp_path / "cache")
+    calls = []
+    real = B.compile_for_resources
+    monkeypatch.setattr(B, "compile_for_resources", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+
+    def run():
+        ks = B.build_check(["80"], csrc=csrc, check_api=False)
+        out = capfd.readouterr()
+        return sorted((k.name, k.arch, k.registers, k.stack) for k in ks), out.out + out.err
+
+    first, log1 = run()
+    assert len(calls) == 1 and first and "from" not in log1.split("build-check ok")[-1]
+    second, log2 = run()
+    assert len(calls) == 1 and second == first and "1 of the files' results from" in log2
+    (csrc / "k" / "n.h").write_text("#define N 8\n")
+    run()
+    assert len(calls) == 2
+    (csrc / "k" / "a.cu").write_text("__global__ void a(float* p) { p[0] = q; }\n")
+    for _ in range(2):
+        with pytest.raises(DeepinferError, match="compile error"):
+            run()
+    assert len(calls) == 4
+    monkeypatch.setenv("DEEPINFER_BUILD_CHECK_CACHE", "0")
+    (csrc / "k" / "a.cu").write_text("__global__ void a(float* p) { p[0] = 1.0f; }\n")
+    run()
+    run()
+    assert len(calls) == 6

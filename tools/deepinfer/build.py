@@ -18,6 +18,9 @@ CLI: ``deepinfer build|build-check`` or ``python -m deepinfer.build build|check`
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -434,6 +437,55 @@ def compile_for_resources(src: Path, archs: list[str], nvcc: Path,
     return parse_ptxas(res.stdout + "\n" + res.stderr, rel), None
 
 
+# Results of compile_for_resources, kept by what determines them (nvcc and its version, the
+# flags, the architectures, the file, every file under csrc/: a header change invalidates
+# all), so that `make build-check` after the test suite's run of it (CI does both) compiles
+# nothing again. $DEEPINFER_BUILD_CHECK_CACHE=0 turns it off; compile errors are not kept.
+BUILD_CHECK_CACHE = ROOT / "build" / "build-check"
+
+
+def _rel_path(p: Path) -> str:
+    try:
+        return p.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _csrc_digest(csrc: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(x for x in csrc.rglob("*") if x.is_file()):
+        h.update(p.relative_to(csrc).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _nvcc_identity(nvcc: Path) -> str:
+    res = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True)
+    return f"{nvcc.resolve()}\n{res.stdout}"
+
+
+def cached_compile_for_resources(src: Path, archs: list[str], nvcc: Path, csrc: Path,
+                                 key_base: str, cache: Path | None
+                                 ) -> tuple[list[KernelResources], str | None, bool]:
+    """compile_for_resources through the cache (None: no cache); the last item says whether
+    the result came from it."""
+    if cache is None:
+        return (*compile_for_resources(src, archs, nvcc, csrc), False)
+    rel = src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
+    key = hashlib.sha256(json.dumps([key_base, CUDA_STD, list(archs), rel]).encode()).hexdigest()
+    path = cache / f"{key}.json"
+    try:
+        return [KernelResources(**k) for k in json.loads(path.read_text())], None, True
+    except (OSError, ValueError, TypeError):
+        pass
+    kernels, err = compile_for_resources(src, archs, nvcc, csrc)
+    if err is None:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([dataclasses.asdict(k) for k in kernels]))
+        os.replace(tmp, path)
+    return kernels, err, False
+
+
 def api_syntax_check(csrc: Path = CSRC, nvcc: Path | None = None) -> list[str] | None:
     """Syntax-check csrc/api/*.cpp against torch's headers; None when torch is absent."""
     try:
@@ -468,10 +520,14 @@ def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
     if not cu:
         raise DeepinferError(f"no .cu files under {csrc}")
     workers = jobs or max(1, os.cpu_count() or 1)
+    cache = BUILD_CHECK_CACHE if os.environ.get("DEEPINFER_BUILD_CHECK_CACHE", "1") != "0" else None
+    key_base = f"{_nvcc_identity(nvcc)}\n{_csrc_digest(csrc)}" if cache else ""
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        results = list(ex.map(lambda s: compile_for_resources(s, list(archs), nvcc, csrc), cu))
-    kernels = [k for ks, _ in results for k in ks]
-    failures = [e for _, e in results if e]
+        results = list(ex.map(lambda s: cached_compile_for_resources(
+            s, list(archs), nvcc, csrc, key_base, cache), cu))
+    kernels = [k for ks, _, _ in results for k in ks]
+    failures = [e for _, e, _ in results if e]
+    reused = sum(1 for _, _, hit in results if hit)
     names = demangle(sorted({k.kernel for k in kernels}), nvcc)
     for k in kernels:
         k.name = short_name(names.get(k.kernel, k.kernel))
@@ -493,7 +549,9 @@ def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
             f"api error(s), {len(spills)} spilling kernel(s)", details=details,
             hint="fix the errors; a kernel that must spill goes into SPILL_ALLOWLIST in "
                  "tools/deepinfer/build.py with a comment saying why")
-    info(f"build-check ok: {len(cu)} files, {len(kernels)} kernel builds, no spills")
+    info(f"build-check ok: {len(cu)} files, {len(kernels)} kernel builds, no spills"
+         + (f" ({reused} of the files' results from {_rel_path(cache)}: same nvcc, flags and "
+            "csrc/)" if reused else ""))
     return kernels
 
 
