@@ -17,11 +17,12 @@ void check_i32_vec(const at::Tensor& t, const char* name, const at::Device& dev,
               " must be a contiguous 1-D int32 tensor with >= ", n, " entries");
 }
 
-void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
-                        const at::Tensor& pages, const at::Tensor& block_table,
-                        const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
-                        int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
-                        int64_t sm_count, int64_t smem_cap, int64_t rows_per_req) {
+// The checks both scorers share: q, weights, lo / hi, the column window, out, chunk and
+// smem_cap. Returns the params with those fields set (rows, heads, columns, chunk: 0 = the
+// launcher's), and the device limits for sm_count / smem_cap.
+IndexerKeysParams checked_rows(const at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
+                               const at::Tensor& lo, const at::Tensor& hi, int64_t col0, int64_t n_cols,
+                               int64_t chunk, int64_t smem_cap) {
   const at::Device dev = q.device();
   api::check_cuda(q, "q", dev);
   api::check_dtype(q, "q", at::kByte);
@@ -35,17 +36,6 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   api::check_dtype(w, "weights", at::kFloat);
   TORCH_CHECK(w.dim() == 2 && w.size(0) >= rows && w.size(1) == heads && w.is_contiguous(),
               "weights must be contiguous fp32 [>= rows, heads]");
-  api::check_cuda(pages, "kv_cache", dev);
-  api::check_dtype(pages, "kv_cache", at::kByte);
-  TORCH_CHECK(block_size > 0 && block_size <= (1 << 20), "block_size must be in [1, 2^20]");
-  TORCH_CHECK(pages.dim() == 2 && pages.stride(1) == 1 && pages.size(1) >= block_size * 132,
-              "kv_cache must be uint8 [num_pages, >= block_size * 132] with contiguous rows");
-  TORCH_CHECK(pages.stride(0) % 16 == 0 && api::aligned16(pages.data_ptr()),
-              "kv_cache pages must start at 16-byte aligned addresses");
-  api::check_cuda(block_table, "block_table", dev);
-  api::check_dtype(block_table, "block_table", at::kInt);
-  TORCH_CHECK(block_table.dim() == 2, "block_table must be 2-D, got ", block_table.sizes());
-  check_i32_vec(row_req, "row_req", dev, rows);
   check_i32_vec(lo, "lo", dev, rows);
   check_i32_vec(hi, "hi", dev, rows);
   TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX,
@@ -56,15 +46,57 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
               "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
   TORCH_CHECK(chunk <= 0 || (chunk % kIndexerKeysChunkStep == 0 && chunk <= INT32_MAX),
               "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
-  if (rows == 0 || n_cols == 0) return;
-  c10::cuda::CUDAGuard guard(dev);
+  if (chunk > 0) {
+    TORCH_CHECK((n_cols + chunk - 1) / chunk <= 65535, "n_cols=", n_cols, " with chunk=", chunk,
+                " needs more than 65535 column chunks; pass a larger chunk");
+  }
   TORCH_CHECK(smem_cap >= 0, "smem_cap must be >= 0 (0 = the device's limit)");
-  const DeviceLimits lim = api::limits(dev.index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
   IndexerKeysParams p;
   p.out = out.data_ptr<int64_t>();
   p.out_stride0 = out.stride(0);
   p.q = q.data_ptr<uint8_t>();
   p.w = w.data_ptr<float>();
+  p.lo = lo.data_ptr<int32_t>();
+  p.hi = hi.data_ptr<int32_t>();
+  p.rows = static_cast<int>(rows);
+  p.heads = static_cast<int>(heads);
+  p.col0 = static_cast<int>(col0);
+  p.n_cols = static_cast<int>(n_cols);
+  p.chunk = static_cast<int>(chunk > 0 ? chunk : 0);  // 0: the launcher sizes it
+  return p;
+}
+
+DeviceLimits limits_for(const at::Tensor& q, int64_t sm_count, int64_t smem_cap) {
+  return api::limits(q.device().index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
+}
+
+void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
+                        const at::Tensor& pages, const at::Tensor& block_table,
+                        const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
+                        int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
+                        int64_t sm_count, int64_t smem_cap, int64_t rows_per_req) {
+  IndexerKeysParams p = checked_rows(out, q, w, lo, hi, col0, n_cols, chunk, smem_cap);
+  const at::Device dev = q.device();
+  api::check_cuda(pages, "kv_cache", dev);
+  api::check_dtype(pages, "kv_cache", at::kByte);
+  TORCH_CHECK(block_size > 0 && block_size <= (1 << 20), "block_size must be in [1, 2^20]");
+  TORCH_CHECK(pages.dim() == 2 && pages.stride(1) == 1 && pages.size(1) >= block_size * 132,
+              "kv_cache must be uint8 [num_pages, >= block_size * 132] with contiguous rows");
+  TORCH_CHECK(pages.stride(0) % 16 == 0 && api::aligned16(pages.data_ptr()),
+              "kv_cache pages must start at 16-byte aligned addresses");
+  api::check_cuda(block_table, "block_table", dev);
+  api::check_dtype(block_table, "block_table", at::kInt);
+  TORCH_CHECK(block_table.dim() == 2, "block_table must be 2-D, got ", block_table.sizes());
+  check_i32_vec(row_req, "row_req", dev, p.rows);
+  if (chunk > 0) {
+    TORCH_CHECK(chunk / block_size + 2 <= kIndexerKeysMaxPages, "chunk=", chunk,
+                " spans more than ", kIndexerKeysMaxPages - 2, " pages of ", block_size,
+                " columns; pass a smaller chunk");
+  }
+  TORCH_CHECK(rows_per_req >= 0 && rows_per_req <= 8, "rows_per_req must be in [0, 8], got ", rows_per_req);
+  if (p.rows == 0 || p.n_cols == 0) return;
+  c10::cuda::CUDAGuard guard(dev);
+  const DeviceLimits lim = limits_for(q, sm_count, smem_cap);
   p.pages = pages.data_ptr<uint8_t>();
   p.page_stride = pages.stride(0);
   p.num_pages = pages.size(0);
@@ -74,22 +106,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   p.num_reqs = static_cast<int>(block_table.size(0));
   p.max_blocks = static_cast<int>(block_table.size(1));
   p.row_req = row_req.data_ptr<int32_t>();
-  p.lo = lo.data_ptr<int32_t>();
-  p.hi = hi.data_ptr<int32_t>();
-  p.rows = static_cast<int>(rows);
-  p.heads = static_cast<int>(heads);
-  p.col0 = static_cast<int>(col0);
-  p.n_cols = static_cast<int>(n_cols);
   p.block_size = static_cast<int>(block_size);
-  p.chunk = static_cast<int>(chunk > 0 ? chunk : 0);  // 0: the launcher sizes it
-  if (chunk > 0) {
-    TORCH_CHECK((n_cols + chunk - 1) / chunk <= 65535, "n_cols=", n_cols, " with chunk=", chunk,
-                " needs more than 65535 column chunks; pass a larger chunk");
-    TORCH_CHECK(chunk / block_size + 2 <= kIndexerKeysMaxPages, "chunk=", chunk,
-                " spans more than ", kIndexerKeysMaxPages - 2, " pages of ", block_size,
-                " columns; pass a smaller chunk");
-  }
-  TORCH_CHECK(rows_per_req >= 0 && rows_per_req <= 8, "rows_per_req must be in [0, 8], got ", rows_per_req);
   p.group_rows = static_cast<int>(rows_per_req);
   if (rows_per_req >= 2 && indexer_rows_fits(p.heads, lim, p.group_rows)) {
     launch_indexer_rows(p, lim, api::stream());  // blocks of a request's rows share its K
@@ -105,19 +122,8 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
                        const at::Tensor& k_codes, const at::Tensor& k_scale, const at::Tensor& lo,
                        const at::Tensor& hi, int64_t col0, int64_t n_cols, int64_t chunk,
                        int64_t sm_count, int64_t smem_cap, int64_t kernel) {
+  IndexerKeysParams p = checked_rows(out, q, w, lo, hi, col0, n_cols, chunk, smem_cap);
   const at::Device dev = q.device();
-  api::check_cuda(q, "q", dev);
-  api::check_dtype(q, "q", at::kByte);
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == 128 && q.is_contiguous(),
-              "q must be contiguous uint8 [rows, heads, 128], got ", q.sizes());
-  const int64_t rows = q.size(0), heads = q.size(1);
-  TORCH_CHECK(heads == 16 || heads == 32 || heads == 64, "heads must be 16, 32 or 64, got ", heads);
-  TORCH_CHECK(rows <= INT32_MAX, "too many rows: ", rows);
-  TORCH_CHECK(api::aligned16(q.data_ptr()), "q must be 16-byte aligned");
-  api::check_cuda(w, "weights", dev);
-  api::check_dtype(w, "weights", at::kFloat);
-  TORCH_CHECK(w.dim() == 2 && w.size(0) >= rows && w.size(1) == heads && w.is_contiguous(),
-              "weights must be contiguous fp32 [>= rows, heads]");
   api::check_cuda(k_codes, "k_codes", dev);
   api::check_dtype(k_codes, "k_codes", at::kByte);
   TORCH_CHECK(k_codes.dim() == 2 && k_codes.size(1) == 128 && k_codes.stride(1) == 1,
@@ -129,34 +135,14 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   api::check_dtype(k_scale, "k_scale", at::kFloat);
   TORCH_CHECK(k_scale.dim() == 1 && k_scale.is_contiguous() && k_scale.size(0) >= k_codes.size(0),
               "k_scale must be contiguous fp32 [>= Nk]");
-  check_i32_vec(lo, "lo", dev, rows);
-  check_i32_vec(hi, "hi", dev, rows);
-  TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX,
-              "columns [col0, col0 + n_cols) must lie in [0, 2^31)");
-  api::check_cuda(out, "out", dev);
-  api::check_dtype(out, "out", at::kLong);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) >= rows && out.size(1) >= n_cols && out.stride(1) == 1,
-              "out must be int64 [>= rows, >= n_cols] with a contiguous last dim");
-  TORCH_CHECK(chunk <= 0 || (chunk % kIndexerKeysChunkStep == 0 && chunk <= INT32_MAX),
-              "chunk must be <= 0 (automatic) or a multiple of ", kIndexerKeysChunkStep);
-  if (chunk > 0) {
-    TORCH_CHECK((n_cols + chunk - 1) / chunk <= 65535, "n_cols=", n_cols, " with chunk=", chunk,
-                " needs more than 65535 column chunks; pass a larger chunk");
-  }
-  TORCH_CHECK(smem_cap >= 0, "smem_cap must be >= 0 (0 = the device's limit)");
   TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (automatic), 1 (a warp per row) or 2 "
               "(rows sharing K), got ", kernel);
-  if (rows == 0 || n_cols == 0) return;
+  if (p.rows == 0 || p.n_cols == 0) return;
   c10::cuda::CUDAGuard guard(dev);
-  const DeviceLimits lim = api::limits(dev.index(), sm_count).with_overrides(0, static_cast<int>(smem_cap));
-  TORCH_CHECK(kernel != 2 || indexer_rows_fits(static_cast<int>(heads), lim),
+  const DeviceLimits lim = limits_for(q, sm_count, smem_cap);
+  TORCH_CHECK(kernel != 2 || indexer_rows_fits(p.heads, lim),
               "kernel=2 (rows sharing K) does not fit the shared-memory cap of ", lim.max_dynamic_smem,
-              " bytes with ", heads, " heads; pass kernel=0 or 1");
-  IndexerKeysParams p;
-  p.out = out.data_ptr<int64_t>();
-  p.out_stride0 = out.stride(0);
-  p.q = q.data_ptr<uint8_t>();
-  p.w = w.data_ptr<float>();
+              " bytes with ", p.heads, " heads; pass kernel=0 or 1");
   p.pages = nullptr;
   p.page_stride = 0;
   p.num_pages = 0;
@@ -165,14 +151,7 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   p.num_reqs = 1;
   p.max_blocks = 0;
   p.row_req = nullptr;
-  p.lo = lo.data_ptr<int32_t>();
-  p.hi = hi.data_ptr<int32_t>();
-  p.rows = static_cast<int>(rows);
-  p.heads = static_cast<int>(heads);
-  p.col0 = static_cast<int>(col0);
-  p.n_cols = static_cast<int>(n_cols);
   p.block_size = 0;  // the launcher's (flat mode has no pages)
-  p.chunk = static_cast<int>(chunk > 0 ? chunk : 0);
   p.num_k = k_codes.size(0);
   // an empty workspace may have no storage; k_codes != nullptr is what selects flat mode, and
   // with num_k = 0 no column is read, so any valid address does
