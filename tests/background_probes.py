@@ -3,19 +3,21 @@ the rest of the suite.
 
 TileLang's mHC compile probes (tests/test_gates_sm80.py) take about 18 of the CPU suite's
 36 minutes on CI's 2 cores, each in one single-threaded subprocess. A test module opts in by
-defining ``background_probe_spec(item) -> (capabilities, probes, env, timeout) | None``; when the
-session's collection ends, :func:`start` runs every selected item's probe, one at a time, in a
-worker thread (one core: the suite keeps the other), against the trees of
-``vllm_cpu_harness.prepare_trees``, and the opted-in tests run last (:func:`last`). The test
-then takes its result with :func:`result` (waiting if it is not done yet); an error in the
-probe is raised there, in the test. Nothing starts when
-no opted-in test is selected, or when the harness's skip conditions hold (the test skips
-itself then, as before).
+defining ``background_probe_spec(item) -> (capabilities, probes, env, timeout) | None``. When
+the session's collection ends, :func:`start` makes the trees of
+``vllm_cpu_harness.prepare_trees`` (in the main thread, before any test) and runs every
+selected item's probe, one at a time, in a worker thread (one core; the suite keeps the
+other); the opted-in tests run last (:func:`last`). A test takes its probe's result with
+:func:`result`, waiting if it is not done yet; an error in the probe is raised there, in the
+test. Nothing starts when no opted-in test is selected, or when the harness's skip conditions
+hold (the test then skips itself, as before).
 
 $DEEPINFER_BACKGROUND_PROBES=0 turns this off: each test runs its probe when it runs."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import io
 import os
 import shutil
 import tempfile
@@ -43,9 +45,10 @@ class _TmpFactory:
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
 
 
-def _run(tmp: _TmpFactory, environ: dict[str, str], capabilities: list[str],
+def _run(trees: dict[str, Path], environ: dict[str, str], capabilities: list[str],
          probes: tuple[str, ...], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    trees = harness.prepare_trees(tmp)
+    # a subprocess whose output is captured: the worker thread itself prints nothing, so no
+    # test's captured output can receive any of it
     return harness.run_probes(trees["patched"], capabilities, probes=probes, timeout=timeout,
                               env=env, environ=environ)
 
@@ -79,12 +82,18 @@ def start(session: Any) -> None:
     # the environment as collection left it: tests that run meanwhile may monkeypatch theirs
     environ = dict(os.environ)
     _ROOT = root = Path(tempfile.mkdtemp(prefix="deepinfer-background-probes-"))
-    tmp = _TmpFactory(root)
+    # the trees now, in this (the only) thread, before any test runs; its messages would
+    # otherwise land in whichever test is capturing output at the time
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            trees = harness.prepare_trees(_TmpFactory(root))
+    except Exception:  # noqa: BLE001 - the tests' own fixture reports it
+        return
     _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
     for capabilities, probes, env, timeout in specs:
         key = _key(capabilities, probes, env)
         if key not in _FUTURES:
-            _FUTURES[key] = _POOL.submit(_run, tmp, environ, list(capabilities), tuple(probes),
+            _FUTURES[key] = _POOL.submit(_run, trees, environ, list(capabilities), tuple(probes),
                                          dict(env), timeout)
 
 
