@@ -45,14 +45,6 @@ class _TmpFactory:
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
 
 
-def _run(trees: dict[str, Path], environ: dict[str, str], capabilities: list[str],
-         probes: tuple[str, ...], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    # a subprocess whose output is captured: the worker thread itself prints nothing, so no
-    # test's captured output can receive any of it
-    return harness.run_probes(trees["patched"], capabilities, probes=probes, timeout=timeout,
-                              env=env, environ=environ)
-
-
 def _spec(item: Any) -> tuple | None:
     spec_fn = getattr(getattr(item, "module", None), "background_probe_spec", None)
     return spec_fn(item) if spec_fn is not None else None
@@ -72,11 +64,7 @@ def start(session: Any) -> None:
     global _POOL, _ROOT
     if os.environ.get("DEEPINFER_BACKGROUND_PROBES", "1") == "0" or _POOL is not None:
         return
-    specs = []
-    for item in session.items:
-        spec = _spec(item)
-        if spec is not None:
-            specs.append(spec)
+    specs = [spec for spec in map(_spec, session.items) if spec is not None]
     if not specs or harness.missing_dependencies():
         return
     # the environment as collection left it: tests that run meanwhile may monkeypatch theirs
@@ -93,8 +81,11 @@ def start(session: Any) -> None:
     for capabilities, probes, env, timeout in specs:
         key = _key(capabilities, probes, env)
         if key not in _FUTURES:
-            _FUTURES[key] = _POOL.submit(_run, trees, environ, list(capabilities), tuple(probes),
-                                         dict(env), timeout)
+            # a subprocess with its output captured: the worker thread prints nothing, so no
+            # test's captured output can receive any of it
+            _FUTURES[key] = _POOL.submit(harness.run_probes, trees["patched"], list(capabilities),
+                                         probes=tuple(probes), timeout=timeout, env=dict(env),
+                                         environ=environ)
 
 
 def result(trees: dict[str, Path], capabilities: list[str], probes: tuple[str, ...],

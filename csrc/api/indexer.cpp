@@ -19,7 +19,7 @@ void check_i32_vec(const at::Tensor& t, const char* name, const at::Device& dev,
 
 // The checks both scorers share: q, weights, lo / hi, the column window, out, chunk and
 // smem_cap. Returns the params with those fields set (rows, heads, columns, chunk: 0 = the
-// launcher's), and the device limits for sm_count / smem_cap.
+// launcher's); each op adds its K source.
 IndexerKeysParams checked_rows(const at::Tensor& out, const at::Tensor& q, const at::Tensor& w,
                                const at::Tensor& lo, const at::Tensor& hi, int64_t col0, int64_t n_cols,
                                int64_t chunk, int64_t smem_cap) {

@@ -45,6 +45,7 @@ using indexer_keys::kF16x2NaN;
 using indexer_keys::kKeyMin;
 using indexer_keys::order_key;
 
+constexpr int kWarps = 8;           // warps per block
 constexpr int kPairCols = 32;       // columns a warp takes at a time (two M tiles)
 constexpr int kHeadRowBytes = kD * 2;  // a head's 128 fp16 values in shared memory
 
@@ -55,12 +56,12 @@ constexpr int smem_bytes() {
 }
 
 // Rows row0 .. row0 + G - 1 of the call (G = kR, or p.group_rows <= kR in paged mode; rows past
-// p.rows take no part), columns [c_begin, c_begin + chunk) of the call; kWarps warps, registers
-// for kMinBlocks per SM. Paged mode: the block's rows are taken in runs of equal row_req (one
+// p.rows take no part), columns [c_begin, c_begin + chunk) of the call; kWarps warps, one
+// block per SM (the registers: 236 at 64 heads). Paged mode: the block's rows are taken in runs of equal row_req (one
 // run when the rows of a request are contiguous and blocks are aligned to them, as decode_topk
 // lays them out); each run streams its request's pages.
-template <int NT, int kR, int kWarps, int kMinBlocks, bool kPaged>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+template <int NT, int kR, bool kPaged>
+__global__ void __launch_bounds__(kWarps * 32, 1)
 indexer_rows_kernel(const IndexerKeysParams p) {
   constexpr int kHeads = 8 * NT;
   constexpr int kGroup = NT < 4 ? NT : 4;  // head tiles per accumulator group
@@ -320,10 +321,10 @@ indexer_rows_kernel(const IndexerKeysParams p) {
   }
 }
 
-template <int NT, int kR, int kW, int kMB, bool kPaged>
+template <int NT, int kR, bool kPaged>
 int resident_blocks(int smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR, kW, kMB, kPaged>, kW * 32,
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_rows_kernel<NT, kR, kPaged>, kWarps * 32,
                                                     smem) != cudaSuccess ||
       n <= 0) {
     n = 1;
@@ -363,10 +364,10 @@ int rows_chunk(int row_groups, int n_cols, int resident, int warps) {
   return static_cast<int>(chunk);
 }
 
-template <int NT, int kR, int kW, int kMB, bool kPaged>
+template <int NT, int kR, bool kPaged>
 void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream) {
   constexpr int smem = smem_bytes<NT, kR, kPaged>();
-  auto* kernel = indexer_rows_kernel<NT, kR, kW, kMB, kPaged>;
+  auto* kernel = indexer_rows_kernel<NT, kR, kPaged>;
   static const bool opted_in = [&] {  // beyond 48 KB of dynamic shared memory
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
   }();
@@ -375,9 +376,9 @@ void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream
   const int groups = (p.rows + p.group_rows - 1) / p.group_rows;
   if (p.chunk <= 0) {
     // resident blocks per SM: what the registers allow, and the shared memory under the cap
-    static const int per_sm = resident_blocks<NT, kR, kW, kMB, kPaged>(smem);
+    static const int per_sm = resident_blocks<NT, kR, kPaged>(smem);
     const int fit = lim.max_dynamic_smem / smem;
-    p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * (per_sm < fit ? per_sm : fit), kW);
+    p.chunk = rows_chunk(groups, p.n_cols, lim.sm_count * (per_sm < fit ? per_sm : fit), kWarps);
     if (kPaged) {  // at most kIndexerKeysMaxPages - 2 pages per chunk (the page-id table)
       const int64_t cap = static_cast<int64_t>(kIndexerKeysMaxPages - 2) * p.block_size /
                           kIndexerKeysChunkStep * kIndexerKeysChunkStep;
@@ -385,7 +386,7 @@ void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream
     }
   }
   dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((p.n_cols + p.chunk - 1) / p.chunk));
-  kernel<<<grid, kW * 32, smem, stream>>>(p);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
 // Rows per block (flat): the most of 8, 4, 2 whose fp16 Q fits the shared-memory cap (8 x 64
@@ -398,15 +399,15 @@ void launch_nt(IndexerKeysParams p, const DeviceLimits& lim, cudaStream_t stream
 template <int NT>
 void launch_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cudaStream_t stream) {
   if (p.k_codes == nullptr) {
-    if (p.group_rows <= 2) return launch_nt<NT, 2, 8, 1, true>(p, lim, stream);
-    if (p.group_rows <= 4) return launch_nt<NT, 4, 8, 1, true>(p, lim, stream);
-    return launch_nt<NT, 8, 8, 1, true>(p, lim, stream);
+    if (p.group_rows <= 2) return launch_nt<NT, 2, true>(p, lim, stream);
+    if (p.group_rows <= 4) return launch_nt<NT, 4, true>(p, lim, stream);
+    return launch_nt<NT, 8, true>(p, lim, stream);
   }
   static const int most = knob_int("DEEPINFER_INDEXER_ROWS", 8);
   const int cap = lim.max_dynamic_smem;
-  if (most >= 8 && smem_bytes<NT, 8, false>() <= cap) return launch_nt<NT, 8, 8, 1, false>(p, lim, stream);
-  if (most >= 4 && smem_bytes<NT, 4, false>() <= cap) return launch_nt<NT, 4, 8, 1, false>(p, lim, stream);
-  launch_nt<NT, 2, 8, 1, false>(p, lim, stream);
+  if (most >= 8 && smem_bytes<NT, 8, false>() <= cap) return launch_nt<NT, 8, false>(p, lim, stream);
+  if (most >= 4 && smem_bytes<NT, 4, false>() <= cap) return launch_nt<NT, 4, false>(p, lim, stream);
+  launch_nt<NT, 2, false>(p, lim, stream);
 }
 
 }  // namespace

@@ -426,12 +426,19 @@ def short_name(demangled: str) -> str:
     return s
 
 
+def _resources_cmd(src: Path, archs: list[str], nvcc: Path, csrc: Path) -> list[str]:
+    return [str(nvcc), f"-std={CUDA_STD}", "-O3", f"-I{csrc}", "--expt-relaxed-constexpr",
+            "-Xptxas", "-v", *gencode_flags(archs, ptx=False), "-c", str(src), "-o", os.devnull]
+
+
+def _source_name(src: Path, csrc: Path) -> str:
+    return src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
+
+
 def compile_for_resources(src: Path, archs: list[str], nvcc: Path,
                           csrc: Path = CSRC) -> tuple[list[KernelResources], str | None]:
-    cmd = [str(nvcc), f"-std={CUDA_STD}", "-O3", f"-I{csrc}", "--expt-relaxed-constexpr",
-           "-Xptxas", "-v", *gencode_flags(archs, ptx=False), "-c", str(src), "-o", os.devnull]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    rel = src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
+    res = subprocess.run(_resources_cmd(src, archs, nvcc, csrc), capture_output=True, text=True)
+    rel = _source_name(src, csrc)
     if res.returncode != 0:
         return [], f"{rel}: nvcc failed\n{res.stderr.strip()}"
     return parse_ptxas(res.stdout + "\n" + res.stderr, rel), None
@@ -442,13 +449,6 @@ def compile_for_resources(src: Path, archs: list[str], nvcc: Path,
 # all), so that `make build-check` after the test suite's run of it (CI does both) compiles
 # nothing again. $DEEPINFER_BUILD_CHECK_CACHE=0 turns it off; compile errors are not kept.
 BUILD_CHECK_CACHE = ROOT / "build" / "build-check"
-
-
-def _rel_path(p: Path) -> str:
-    try:
-        return p.relative_to(ROOT).as_posix()
-    except ValueError:
-        return str(p)
 
 
 def _csrc_digest(csrc: Path) -> str:
@@ -470,8 +470,9 @@ def cached_compile_for_resources(src: Path, archs: list[str], nvcc: Path, csrc: 
     the result came from it."""
     if cache is None:
         return (*compile_for_resources(src, archs, nvcc, csrc), False)
-    rel = src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
-    key = hashlib.sha256(json.dumps([key_base, CUDA_STD, list(archs), rel]).encode()).hexdigest()
+    # the exact command (flags, architectures, file) over nvcc's identity and csrc/'s digest
+    cmd = _resources_cmd(src, archs, nvcc, csrc)
+    key = hashlib.sha256(json.dumps([key_base, cmd]).encode()).hexdigest()
     path = cache / f"{key}.json"
     try:
         return [KernelResources(**k) for k in json.loads(path.read_text())], None, True
@@ -550,7 +551,7 @@ def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
             hint="fix the errors; a kernel that must spill goes into SPILL_ALLOWLIST in "
                  "tools/deepinfer/build.py with a comment saying why")
     info(f"build-check ok: {len(cu)} files, {len(kernels)} kernel builds, no spills"
-         + (f" ({reused} of the files' results from {_rel_path(cache)}: same nvcc, flags and "
+         + (f" ({reused} of the files' results from {os.path.relpath(cache)}: same nvcc, flags and "
             "csrc/)" if reused else ""))
     return kernels
 
