@@ -83,6 +83,38 @@ def topk_call(s, B, NN, H, scorer):
                                  scorer=scorer)
 
 
+def unfused_call(s, B, NN, H):
+    """Baseline: ``decode_topk`` as it was composed at commit 49911c9 (until 2026-12-02 04:00
+    UTC), the same scorer and row top-k kernels around them: lengths widened to int64 and
+    back, the request of each row by ``repeat_interleave``, the last merge writing int64 keys,
+    then ``keys_to_indices`` (five elementwise kernels) and a copy into the index buffer."""
+    q_u8 = s["q"].view(B * NN, H, D)
+
+    def run():
+        rows = B * NN
+        ctx = s["lens"].reshape(B, -1).to(torch.int64)
+        if ctx.shape[1] != NN:
+            ctx = ctx[:, -1:].expand(B, NN)
+        w32 = s["w"][:rows].to(torch.float32).contiguous()
+        row_req = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(NN)
+        lo = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        hi = ctx.reshape(rows).to(torch.int32)
+        bt32 = s["bt"].to(torch.int32)
+        rows_kw = {"rows_per_req": NN} if 2 <= NN <= 8 else {}
+        total = s["bt"].shape[1] * BS
+        tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
+        buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device="cuda")
+        best = None
+        for t0 in range(0, total, tile):
+            t1 = min(total, t0 + tile)
+            keys = OI.indexer_paged_keys(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
+                                         pages=s["pages"], block_table=bt32, row_req=row_req,
+                                         block_size=BS, **rows_kw)[:, : t1 - t0]
+            best = I.merge_topk(best, keys, TOPK, True)
+        s["idx"][:rows, :TOPK] = I.keys_to_indices(best)
+    return run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -105,7 +137,8 @@ def main(argv=None) -> int:
         "top-k alone (speedup column: against torch.topk); decode_topk rows time the whole step "
         "(triton: Triton scorer + torch.topk; cuda: CUDA scorer + CUDA row top-k, the scorer "
         "being the rows kernel for 2+ rows per request since 2026-12-02; cuda warp: the warp-per-row "
-        "scorer for every row) "
+        "scorer for every row; cuda unfused: the same kernels composed as at commit 49911c9 (until 2026-12-02 04:00 UTC), "
+        "the last merge writing int64 keys converted to indices by torch ops) "
         f"(top-k {TOPK}); bytes = unique K entries (132 B) + Q + weights + 8 B keys per row and "
         "column; CUDA-graph replay, median per call, input sets rotated past 2x L2")
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
@@ -175,10 +208,17 @@ def main(argv=None) -> int:
             report.add(what="top-k of the keys", shape=shape, impl=name, median_us=t.median_us,
                        speedup_vs_triton=base / t.median_us)
             print(report.rows[-1], flush=True)
+        topk_call(s0, B, NN, H, "cuda")()
+        i_fused = s0["idx"].clone()
+        unfused_call(s0, B, NN, H)()
+        report.check(f"{shape}: decode_topk equals its unfused composition (indices)",
+                     torch.equal(s0["idx"], i_fused))
         base = None
-        for scorer in ("triton", "cuda warp", "cuda") if NN >= 2 else ("triton", "cuda"):
-            t = common.graph_time([topk_call(s, B, NN, H, scorer) for s in sets],
-                                  min_calls=common.CALLS_PER_REPLAY)
+        for scorer in ("triton", "cuda unfused", "cuda warp", "cuda") if NN >= 2 else (
+                "triton", "cuda unfused", "cuda"):
+            mk = (lambda s: unfused_call(s, B, NN, H)) if scorer == "cuda unfused" else (
+                lambda s: topk_call(s, B, NN, H, scorer))
+            t = common.graph_time([mk(s) for s in sets], min_calls=common.CALLS_PER_REPLAY)
             base = t.median_us if scorer == "triton" else base
             report.add(what="decode_topk", shape=shape, impl=scorer, median_us=t.median_us,
                        speedup_vs_triton=base / t.median_us)

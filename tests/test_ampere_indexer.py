@@ -102,6 +102,29 @@ def test_decode_topk_paged_matches_oracle_sets(next_n):
             assert sum(j >= 0 for j in got) == min(n, K)
 
 
+def test_row_lens_forms():
+    """decode_topk's per-row visible lengths: [B] or [B, next_n], any integer dtype; a
+    [B, m] with m != next_n gives its last column to every row of the request. The common
+    forms (int32 [B, next_n], int32 [B] with next_n 1) are used as they are, without a copy."""
+    c = torch.tensor([[5, 6], [7, 8], [9, 10]], dtype=torch.int32)
+    assert I._row_lens(c, 3, 2).tolist() == [5, 6, 7, 8, 9, 10]
+    assert I._row_lens(c, 3, 2).data_ptr() == c.data_ptr()
+    assert I._row_lens(c.long(), 3, 2).dtype == torch.int32
+    assert I._row_lens(c, 3, 4).tolist() == [6] * 4 + [8] * 4 + [10] * 4
+    v = torch.tensor([3, 4], dtype=torch.int64)
+    assert I._row_lens(v, 2, 3).tolist() == [3, 3, 3, 4, 4, 4]
+    v32 = v.int()
+    assert I._row_lens(v32, 2, 1).data_ptr() == v32.data_ptr()
+
+
+def test_decode_topk_empty_block_table_selects_nothing():
+    out = torch.full((4, 8), 5, dtype=torch.int32)
+    q = torch.zeros(2, 2, 4, 128, dtype=torch.uint8)
+    I.decode_topk(q, torch.ones(4, 4), torch.zeros(1, 64 * 132, dtype=torch.uint8),
+                  torch.tensor([3, 4]), torch.zeros(2, 0, dtype=torch.int32), 64, 6, out)
+    assert (out[:, :6] == -1).all() and (out[:, 6:] == 5).all()
+
+
 # ------------------------------------------ DeepSeek-V4.1 two-level (candidate) selection
 # (checks in indexer_cases.py, shared with tests/gpu/test_ampere_indexer_gpu.py)
 

@@ -118,6 +118,29 @@ def test_gather_and_insert_validation(rec):
     assert [c[0] for c in rec.calls] == ["dequantize_and_gather_k_cache"] * 2 + ["quantize_and_insert_k_cache"]
 
 
+def test_row_topk_wrappers(rec):
+    """row_topk_keys / row_topk_indices: int64 keys [rows, n], 1 <= k <= 1024, out int64 /
+    int32 [>= rows, >= k] with a contiguous last dim (rows may be strided), else no call."""
+    keys = torch.zeros(3, 10, dtype=torch.int64)
+    ops_indexer.row_topk_keys(keys, 4)
+    wide = torch.zeros(5, 8, dtype=torch.int32)
+    assert ops_indexer.row_topk_indices(keys, 4, out=wide[1:4]) is not None
+    assert [c[0] for c in rec.calls] == ["row_topk_keys", "row_topk_indices"]
+    assert rec.calls[1][1][0].stride() == (8, 1) and rec.calls[1][1][2] == 4
+    bad = [(dict(out=torch.zeros(3, 4, dtype=torch.int64)), TypeError, "out must be torch.int32"),
+           (dict(out=torch.zeros(2, 4, dtype=torch.int32)), ValueError, r"out must be \[>= 3, >= 4\]"),
+           (dict(out=torch.zeros(3, 3, dtype=torch.int32)), ValueError, r"out must be \[>= 3, >= 4\]"),
+           (dict(out=torch.zeros(8, 3, dtype=torch.int32).t()), ValueError, "contiguous last dim"),
+           (dict(out=torch.zeros(3, 4, 1, dtype=torch.int32)), ValueError, "out must be"),
+           (dict(k=0), ValueError, "k must be in"), (dict(k=1025), ValueError, "k must be in"),
+           (dict(keys=keys.int()), TypeError, "keys must be torch.int64")]
+    for kw, exc, match in bad:
+        args = dict(keys=keys, k=4, out=torch.zeros(3, 4, dtype=torch.int32)) | kw
+        with pytest.raises(exc, match=match):
+            ops_indexer.row_topk_indices(args["keys"], args["k"], out=args["out"])
+    assert len(rec.calls) == 2
+
+
 # ---------------------------------------------------------------- attention wrappers
 from deepinfer_sm80.ops import attention as ops_attn  # noqa: E402
 

@@ -4,6 +4,7 @@
 //   deepinfer_sm80::indexer_flat_keys  (out variant; over a flat workspace: by default the
 //                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
+//   deepinfer_sm80::row_topk_indices   (the same top-k written as int32 column indices)
 #include "api/api_utils.h"
 #include "index/index_kernels.h"
 
@@ -166,7 +167,8 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   api::check_launch();
 }
 
-void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) {
+// The row top-k's checks and launch; out is int64 keys or (as_indices) int32 column indices.
+void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indices) {
   const at::Device dev = keys.device();
   api::check_cuda(keys, "keys", dev);
   api::check_dtype(keys, "keys", at::kLong);
@@ -174,16 +176,18 @@ void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) {
               "keys must be int64 [rows, n] with a contiguous last dim");
   TORCH_CHECK(k >= 1 && k <= kRowTopkMaxK, "k must be in [1, ", kRowTopkMaxK, "], got ", k);
   api::check_cuda(out, "out", dev);
-  api::check_dtype(out, "out", at::kLong);
+  api::check_dtype(out, "out", as_indices ? at::kInt : at::kLong);
   TORCH_CHECK(out.dim() == 2 && out.size(0) >= keys.size(0) && out.size(1) >= k && out.stride(1) == 1,
-              "out must be int64 [>= rows, >= k] with a contiguous last dim");
+              "out must be ", as_indices ? "int32" : "int64",
+              " [>= rows, >= k] with a contiguous last dim");
   TORCH_CHECK(keys.size(0) <= INT32_MAX, "too many rows");
   if (keys.size(0) == 0) return;
   c10::cuda::CUDAGuard guard(dev);
   RowTopkParams p;
   p.keys = keys.data_ptr<int64_t>();
   p.key_stride = keys.stride(0);
-  p.out = out.data_ptr<int64_t>();
+  p.out = as_indices ? nullptr : out.data_ptr<int64_t>();
+  p.out_idx = as_indices ? out.data_ptr<int32_t>() : nullptr;
   p.out_stride = out.stride(0);
   p.rows = static_cast<int>(keys.size(0));
   p.n = static_cast<int>(keys.size(1));
@@ -191,6 +195,10 @@ void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) {
   launch_row_topk(p, api::stream());
   api::check_launch();
 }
+
+void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) { row_topk(out, keys, k, false); }
+
+void row_topk_indices(at::Tensor& out, const at::Tensor& keys, int64_t k) { row_topk(out, keys, k, true); }
 
 }  // namespace
 
@@ -204,12 +212,14 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
       "Tensor k_scale, Tensor lo, Tensor hi, int col0, int n_cols, int chunk=0, "
       "int sm_count=0, int smem_cap=0, int kernel=0) -> ()");
   m.def("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()");
+  m.def("row_topk_indices(Tensor(a!) out, Tensor keys, int k) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
   m.impl("indexer_paged_keys", &indexer_paged_keys);
   m.impl("indexer_flat_keys", &indexer_flat_keys);
   m.impl("row_topk_keys", &row_topk_keys);
+  m.impl("row_topk_indices", &row_topk_indices);
 }
 
 }  // namespace deepinfer_sm80

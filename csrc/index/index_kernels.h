@@ -122,8 +122,11 @@ void launch_indexer_rows(const IndexerKeysParams& p, const DeviceLimits& lim, cu
 struct RowTopkParams {
   const int64_t* keys;            // [rows, n], row stride key_stride (elements)
   int64_t key_stride;
-  int64_t* out;                   // [rows, >= k], row stride out_stride
+  int64_t* out;                   // [rows, >= k], row stride out_stride; or nullptr and:
   int64_t out_stride;
+  int32_t* out_idx = nullptr;     // [rows, >= k] int32 column indices instead of the keys:
+                                  // (2^32 - 1) - (key & (2^32 - 1)), -1 for INT64_MIN
+                                  // (deepinfer_sm80.ampere.indexer.keys_to_indices)
   int rows;
   int n;
   int k;                          // 1..kRowTopkMaxK

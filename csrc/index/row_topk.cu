@@ -12,8 +12,8 @@
 // rest (T repeats only as INT64_MIN). A pass whose chosen byte holds exactly the keys still
 // needed ends the select early: the k keys are then those at or above the prefix (for the
 // indexer's keys, whose high half is the score, usually after 3-4 of the 8 passes). The k keys
-// are sorted in shared memory (bitonic) and
-// written. Deterministic: the result is a function of the multiset of keys.
+// are sorted in shared memory (bitonic) and written, as keys or (out_idx) as the int32 column
+// indices the keys carry. Deterministic: the result is a function of the multiset of keys.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -205,6 +205,14 @@ row_topk_kernel(const RowTopkParams p) {
       }
       __syncthreads();
     }
+  }
+  if (p.out_idx != nullptr) {  // the keys' column indices (keys_to_indices), -1 for INT64_MIN
+    int32_t* out = p.out_idx + static_cast<int64_t>(row) * p.out_stride;
+    for (int i = tid; i < k; i += kThreads) {
+      const uint64_t key = sel[i] ^ kSign;
+      out[i] = key == kSign ? -1 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+    }
+    return;
   }
   int64_t* out = p.out + static_cast<int64_t>(row) * p.out_stride;
   for (int i = tid; i < k; i += kThreads) out[i] = static_cast<int64_t>(sel[i] ^ kSign);

@@ -1,5 +1,6 @@
 """The extension's per-row top-k of int64 keys (``deepinfer_sm80.ops.indexer.row_topk_keys``,
-csrc/index/row_topk.cu) against torch.topk on the same keys: equal values, sorted, for the
+and ``row_topk_indices``, which writes their column indices; csrc/index/row_topk.cu) against
+torch.topk on the same keys (and ``keys_to_indices`` of its values): equal, sorted, for the
 indexer's keys (unique per row, INT64_MIN for "no column") and for adversarial ones: ties in
 every score byte, more INT64_MIN keys than the kernel keeps in shared memory, rows shorter
 than k, strided rows, long rows."""
@@ -39,9 +40,17 @@ def _want(keys, k):
 
 
 def _check(keys, k):
+    """Both outputs: the keys, and (row_topk_indices) their column indices written into the
+    first k columns of a wider, poisoned int32 buffer whose other columns must stay as they
+    were (the indexer passes out[:rows] of vLLM's top-k buffer)."""
+    want = _want(keys, k)
     got = OI.row_topk_keys(keys, k)
+    wide = torch.full((keys.shape[0] + 1, k + 3), -7, dtype=torch.int32, device=keys.device)
+    OI.row_topk_indices(keys, k, out=wide)
     torch.cuda.synchronize()
-    assert torch.equal(got.cpu(), _want(keys, k).cpu())
+    assert torch.equal(got.cpu(), want.cpu())
+    assert torch.equal(wide[: keys.shape[0], :k].cpu(), I.keys_to_indices(want).cpu())
+    assert bool((wide[:, k:] == -7).all()) and bool((wide[keys.shape[0]:] == -7).all())
 
 
 @pytest.mark.parametrize("k", [1, 7, 512, 1024])
@@ -127,3 +136,11 @@ def test_bad_arguments_raise():
         OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int64, device=DEV), 2048)
     with pytest.raises(TypeError, match="keys must be torch.int64"):
         OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int32, device=DEV), 4)
+    keys = torch.zeros(2, 8, dtype=torch.int64, device=DEV)
+    with pytest.raises(TypeError, match="out must be torch.int32"):
+        OI.row_topk_indices(keys, 4, out=torch.zeros(2, 4, dtype=torch.int64, device=DEV))
+    with pytest.raises(ValueError, match="out must be"):
+        OI.row_topk_indices(keys, 4, out=torch.zeros(1, 4, dtype=torch.int32, device=DEV))
+    # the op's own checks (a caller that skips the wrapper)
+    with pytest.raises(RuntimeError, match="out must be int32"):
+        torch.ops.deepinfer_sm80.row_topk_indices(torch.zeros(2, 3, dtype=torch.int32, device=DEV), keys, 4)

@@ -162,6 +162,20 @@ def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
     return torch.topk(cat, k, dim=1, largest=True, sorted=True).values
 
 
+def final_topk_into(out: torch.Tensor, best: torch.Tensor | None, keys: torch.Tensor, k: int,
+                    cuda_topk: bool = False) -> None:
+    """The last merge: ``keys_to_indices(merge_topk(best, keys, k, cuda_topk))`` into
+    ``out[:, :k]`` (int32, rows aligned with ``keys``). ``cuda_topk``: one kernel, the
+    extension's row top-k writing the indices itself (no int64 top-k keys, no conversion and
+    copy kernels: a decode step's fixed cost) where ``out`` is int32 with contiguous rows."""
+    if cuda_topk and out.dtype == torch.int32 and out.stride(1) == 1:
+        from deepinfer_sm80.ops.indexer import row_topk_indices
+
+        row_topk_indices(keys if best is None else torch.cat([best, keys], dim=1), k, out=out)
+    else:
+        out[:, :k] = keys_to_indices(merge_topk(best, keys, k))
+
+
 def dequant_fp8(codes: torch.Tensor) -> torch.Tensor:
     """uint8 / float8_e4m3fn codes -> exact fp32."""
     if codes.dtype == torch.uint8:
@@ -335,10 +349,12 @@ def prefill_topk(
             if candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
-            best = merge_topk(best, keys, topk, cuda_topk)
+            if t1 < max(c1, c0 + 1):
+                best = merge_topk(best, keys, topk, cuda_topk)
+            else:  # the chunk's last tile: its merge writes the indices
+                final_topk_into(out[r0:r1], best, keys, topk, cuda_topk)
         if candidates is not None:
             candidates.finish()
-        out[r0:r1, :topk] = keys_to_indices(best)
     return out
 
 
@@ -349,6 +365,17 @@ def split_indexer_pages(kv_cache: torch.Tensor, block_size: int, head_dim: int =
     codes = flat[:, : block_size * head_dim].view(nb, block_size, head_dim)
     scales = flat[:, block_size * head_dim: block_size * (head_dim + 4)].contiguous()
     return codes, scales.view(torch.float32).view(nb, block_size)
+
+
+def _row_lens(context_lens: torch.Tensor, B: int, NN: int) -> torch.Tensor:
+    """int32 [B * NN]: the visible entries of each decode row, from ``context_lens`` [B] or
+    [B, NN] (a [B, m] with m != NN: its last column for every row of the request). No kernel
+    when ``context_lens`` is int32 [B, NN], or [B] with NN = 1 (the common decode inputs)."""
+    c = context_lens.reshape(B, -1)
+    if c.shape[1] != NN:
+        c = c[:, -1:].expand(B, NN)
+    c = c.reshape(B * NN)
+    return c if c.dtype == torch.int32 and c.is_contiguous() else c.to(torch.int32).contiguous()
 
 
 def decode_topk(
@@ -378,13 +405,14 @@ def decode_topk(
     rows = B * NN
     if rows == 0:
         return out
-    ctx = context_lens.reshape(B, -1).to(torch.int64)
-    if ctx.shape[1] != NN:
-        ctx = ctx[:, -1:].expand(B, NN)
+    hi = _row_lens(context_lens, B, NN)
     maxb = block_table.shape[1]
+    if maxb * block_size == 0:  # no cache position to select
+        out[:rows, :topk] = -1
+        return out
     best = None
     if candidates is not None:
-        candidates.begin(0, rows, ctx.reshape(rows), maxb * block_size)
+        candidates.begin(0, rows, hi, maxb * block_size)
     scorer = _scorer_choice(scorer)
     use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)
     cuda_topk = use_cuda and _cuda_row_topk(scorer, q_fp8, topk)
@@ -397,9 +425,10 @@ def decode_topk(
         q_u8 = (q_fp8.view(torch.uint8) if q_fp8.dtype != torch.uint8 else q_fp8)
         q_u8 = q_u8.reshape(rows, H, D)
         w32 = weights[:rows].to(torch.float32).contiguous()
-        row_req = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(NN)
+        row_req = torch.arange(B, device=dev, dtype=torch.int32)
+        if NN > 1:
+            row_req = row_req.view(B, 1).expand(B, NN).reshape(rows)
         lo = torch.zeros(rows, dtype=torch.int32, device=dev)
-        hi = ctx.reshape(rows).to(torch.int32)
         bt32 = block_table.to(torch.int32)
         # the rows of a request (MTP / speculative tokens) share each decoded K tile
         rows_kw = {"rows_per_req": NN} if use_cuda and 2 <= NN <= 8 else {}
@@ -414,11 +443,14 @@ def decode_topk(
                               block_size=block_size, **rows_kw)[:, : t1 - t0]
             if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
-            best = merge_topk(best, keys, topk, cuda_topk)
+            if t1 < total:
+                best = merge_topk(best, keys, topk, cuda_topk)
+            else:  # the last tile: its merge writes the indices
+                final_topk_into(out[:rows], best, keys, topk, cuda_topk)
         if candidates is not None:
             candidates.finish()
-        out[:rows, :topk] = keys_to_indices(best)
         return out
+    ctx = hi.view(B, NN).to(torch.int64)
     codes, scales = split_indexer_pages(kv_cache, block_size, D)
     q = dequant_fp8(q_fp8)  # [B, NN, H, D]
     w = weights[:rows].to(torch.float32).view(B, NN, H)

@@ -194,7 +194,8 @@ ROW_TOPK_MAX_K = 1024
 @functools.cache
 def _has_row_topk() -> bool:
     try:
-        return hasattr(_ops(), "row_topk_keys")
+        ops = _ops()
+        return hasattr(ops, "row_topk_keys") and hasattr(ops, "row_topk_indices")
     except (ImportError, OSError, RuntimeError):
         return False
 
@@ -204,10 +205,8 @@ def row_topk_available(k: int) -> bool:
     return 1 <= k <= ROW_TOPK_MAX_K and _has_row_topk()
 
 
-def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The ``k`` largest int64 keys of each row, descending: equal to
-    ``torch.topk(keys padded with INT64_MIN to >= k columns, k, sorted=True).values``
-    (csrc/index/row_topk.cu: radix select, then a sort of the k)."""
+def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch.dtype,
+              op: str) -> torch.Tensor:
     C.cuda_tensor(keys, "keys")
     C.dtype(keys, "keys", torch.int64)
     C.dim(keys, "keys", 2, "[rows, n]")
@@ -216,12 +215,31 @@ def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -
     if keys.stride(1) != 1:
         keys = keys.contiguous()
     if out is None:
-        out = torch.empty(keys.shape[0], k, dtype=torch.int64, device=keys.device)
+        out = torch.empty(keys.shape[0], k, dtype=dtype, device=keys.device)
     C.cuda_tensor(out, "out", keys.device)
-    C.dtype(out, "out", torch.int64)
-    _ops().row_topk_keys(out, keys, int(k))
+    C.dtype(out, "out", dtype)
+    C.dim(out, "out", 2, "[>= rows, >= k]")
+    if out.shape[0] < keys.shape[0] or out.shape[1] < k or (out.numel() > 0 and out.stride(1) != 1):
+        raise ValueError(f"out must be [>= {keys.shape[0]}, >= {k}] with a contiguous last dim, "
+                         f"got shape {tuple(out.shape)} strides {out.stride()}")
+    getattr(_ops(), op)(out, keys, int(k))
     return out
 
 
+def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``k`` largest int64 keys of each row, descending: equal to
+    ``torch.topk(keys padded with INT64_MIN to >= k columns, k, sorted=True).values``
+    (csrc/index/row_topk.cu: radix select, then a sort of the k)."""
+    return _row_topk(keys, k, out, torch.int64, "row_topk_keys")
+
+
+def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The same top-k as :func:`row_topk_keys`, written as the int32 column indices the keys
+    carry (``deepinfer_sm80.ampere.indexer.keys_to_indices``: -1 for INT64_MIN) into the first
+    ``k`` columns of each row of ``out`` [>= rows, >= k] (rows may be strided): the indexer's
+    last merge and its index output in one kernel."""
+    return _row_topk(keys, k, out, torch.int32, "row_topk_indices")
+
+
 __all__ = ["indexer_paged_keys", "indexer_flat_keys", "available", "flat_available", "supports",
-           "flat_pages", "row_topk_keys", "row_topk_available"]
+           "flat_pages", "row_topk_keys", "row_topk_indices", "row_topk_available"]
