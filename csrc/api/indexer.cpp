@@ -144,15 +144,6 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   TORCH_CHECK(kernel != 2 || indexer_rows_fits(p.heads, lim),
               "kernel=2 (rows sharing K) does not fit the shared-memory cap of ", lim.max_dynamic_smem,
               " bytes with ", p.heads, " heads; pass kernel=0 or 1");
-  p.pages = nullptr;
-  p.page_stride = 0;
-  p.num_pages = 0;
-  p.block_table = nullptr;
-  p.bt_stride0 = p.bt_stride1 = 0;
-  p.num_reqs = 1;
-  p.max_blocks = 0;
-  p.row_req = nullptr;
-  p.block_size = 0;  // the launcher's (flat mode has no pages)
   p.num_k = k_codes.size(0);
   // an empty workspace may have no storage; k_codes != nullptr is what selects flat mode, and
   // with num_k = 0 no column is read, so any valid address does

@@ -73,22 +73,23 @@ struct IndexerKeysParams {
   int64_t out_stride0;
   const uint8_t* q;               // [rows, heads, 128] e4m3 codes, contiguous
   const float* w;                 // [rows, heads], contiguous
-  const uint8_t* pages;           // [num_pages, page_stride bytes]: bs x 128 codes, bs fp32
-  int64_t page_stride;            // bytes, a multiple of 16
-  int64_t num_pages;
-  const int32_t* block_table;     // [num_reqs, max_blocks], any strides
-  int64_t bt_stride0;
-  int64_t bt_stride1;
-  int num_reqs;
-  int max_blocks;
-  const int32_t* row_req;         // [rows] request of each row
+  // Paged mode (k_codes == nullptr); flat mode reads none of these, so they default to empty.
+  const uint8_t* pages = nullptr;  // [num_pages, page_stride bytes]: bs x 128 codes, bs fp32
+  int64_t page_stride = 0;         // bytes, a multiple of 16
+  int64_t num_pages = 0;
+  const int32_t* block_table = nullptr;  // [num_reqs, max_blocks], any strides
+  int64_t bt_stride0 = 0;
+  int64_t bt_stride1 = 0;
+  int num_reqs = 0;
+  int max_blocks = 0;
+  const int32_t* row_req = nullptr;  // [rows] request of each row
   const int32_t* lo;              // [rows] first visible global column
   const int32_t* hi;              // [rows] end of the visible columns
   int rows;
   int heads;                      // 16, 32 or 64
   int col0;
   int n_cols;
-  int block_size;                 // columns per page
+  int block_size = 0;             // columns per page (paged mode)
   FastDivU31 bs_div;              // set by the launcher
   int chunk;                      // columns per block (multiple of 64); <= 0: the launcher's
   // Flat mode (the prefill workspace; k_codes != nullptr): column c is row c of k_codes

@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
 # Where the prefill rows scorer's time goes (measurement, not a record): its timing next to the
-# warp kernel, an ncu profile of one launch (stall reasons, pipes, shared memory, the top stall
-# sites), and its SASS for sm_90 (cuobjdump), from the GPU bundle (`make gpu-bundle`, carry dist).
+# warp kernel (bench/ab_indexer_rows.py --quick), an ncu profile of one launch per shape
+# (bench/profile_indexer_rows.py: stall reasons, pipes, shared memory, the top stall sites), and
+# its SASS for sm_90 (cuobjdump), from the GPU bundle (`make gpu-bundle`, carry dist).
 #   bash scripts/device/indexer_rows_ncu.sh          (NCU_SHAPES: "rows:nk:heads ...")
 set -uo pipefail
 REPO=$(pwd)
 source "$(dirname "$0")/bundle_env.sh" indexer_rows_ncu
 cp "$REPO"/bench/*.py bench/  # the working tree's bench scripts over the bundle's
 SHAPES=${NCU_SHAPES:-256:16384:64 256:16384:32}
-for s in $SHAPES; do
-  IFS=: read -r r n h <<<"$s"
-  $PY bench/profile_indexer_rows.py --time --rows "$r" --nk "$n" --heads "$h" 2>&1 | tail -1 | tee -a "$OUT/timing.txt"
-done
+$PY bench/ab_indexer_rows.py --label ncu --quick 2>&1 | tee "$OUT/timing.txt" | grep -E "^ab |Error"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
   for s in $SHAPES; do

@@ -431,14 +431,10 @@ def _resources_cmd(src: Path, archs: list[str], nvcc: Path, csrc: Path) -> list[
             "-Xptxas", "-v", *gencode_flags(archs, ptx=False), "-c", str(src), "-o", os.devnull]
 
 
-def _source_name(src: Path, csrc: Path) -> str:
-    return src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
-
-
 def compile_for_resources(src: Path, archs: list[str], nvcc: Path,
                           csrc: Path = CSRC) -> tuple[list[KernelResources], str | None]:
     res = subprocess.run(_resources_cmd(src, archs, nvcc, csrc), capture_output=True, text=True)
-    rel = _source_name(src, csrc)
+    rel = src.relative_to(csrc).as_posix() if src.is_relative_to(csrc) else str(src)
     if res.returncode != 0:
         return [], f"{rel}: nvcc failed\n{res.stderr.strip()}"
     return parse_ptxas(res.stdout + "\n" + res.stderr, rel), None

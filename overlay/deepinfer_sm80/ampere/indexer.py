@@ -329,8 +329,9 @@ def prefill_topk(
             q = dequant_fp8(q_fp8[r0:r1])
             w = weights[r0:r1].to(torch.float32)
             tile = _tile_cols(r1 - r0, H, tile_budget)
-        for t0 in range(c0, max(c1, c0 + 1), tile):
-            t1 = min(max(c1, c0 + 1), t0 + tile)
+        c_end = max(c1, c0 + 1)  # at least one tile, so that every row gets its indices
+        for t0 in range(c0, c_end, tile):
+            t1 = min(c_end, t0 + tile)
             if fused:
                 if cuda_flat:
                     keys = score_keys(q_u8[r0:r1], w32[r0:r1], col0=t0, n_cols=t1 - t0,
@@ -349,7 +350,7 @@ def prefill_topk(
             if candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
-            if t1 < max(c1, c0 + 1):
+            if t1 < c_end:
                 best = merge_topk(best, keys, topk, cuda_topk)
             else:  # the chunk's last tile: its merge writes the indices
                 final_topk_into(out[r0:r1], best, keys, topk, cuda_topk)
