@@ -136,7 +136,8 @@ def main(argv=None) -> int:
         "scorer rows time one call over all columns; 'top-k of the keys' rows time the running "
         "top-k alone (speedup column: against torch.topk); decode_topk rows time the whole step "
         "(triton: Triton scorer + torch.topk; cuda: CUDA scorer + CUDA row top-k, the scorer "
-        "being the rows kernel for 2+ rows per request since 2026-12-02; cuda warp: the warp-per-row "
+        "being the rows kernel for 2+ rows per request since 2026-12-02, and for one row per request where "
+        "its grid covers the SMs (decode_rows_per_req) since 2026-12-02 06:40 UTC; cuda warp: the warp-per-row "
         "scorer for every row; cuda unfused: the same kernels composed as at commit 49911c9 (until 2026-12-02 04:00 UTC), "
         "the last merge writing int64 keys converted to indices by torch ops) "
         f"(top-k {TOPK}); bytes = unique K entries (132 B) + Q + weights + 8 B keys per row and "
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
                      f"min overlap {overlap:.4f}, keys bit-equal: {same_keys}")
         variants = [("triton", lambda s: scorer_call(mqa_logits_tile, s)),
                     ("cuda", lambda s: scorer_call(OI.indexer_paged_keys, s))]
-        if NN >= 2:  # MTP rows: blocks of a request's rows sharing each K tile
+        if NN >= 1:  # blocks of a request's rows sharing each K tile (one row: one per block)
             scorer_call(OI.indexer_paged_keys, s0, rows_per_req=NN)()
             report.check(f"{shape}: the rows kernel's keys bit-equal to the warp kernel's",
                          torch.equal(s0["out"], k_cuda))
@@ -214,8 +215,7 @@ def main(argv=None) -> int:
         report.check(f"{shape}: decode_topk equals its unfused composition (indices)",
                      torch.equal(s0["idx"], i_fused))
         base = None
-        for scorer in ("triton", "cuda unfused", "cuda warp", "cuda") if NN >= 2 else (
-                "triton", "cuda unfused", "cuda"):
+        for scorer in ("triton", "cuda unfused", "cuda warp", "cuda"):
             mk = (lambda s: unfused_call(s, B, NN, H)) if scorer == "cuda unfused" else (
                 lambda s: topk_call(s, B, NN, H, scorer))
             t = common.graph_time([mk(s) for s in sets], min_calls=common.CALLS_PER_REPLAY)

@@ -117,6 +117,19 @@ def test_row_lens_forms():
     assert I._row_lens(v32, 2, 1).data_ptr() == v32.data_ptr()
 
 
+def test_decode_rows_per_req():
+    """MTP rows (2..8 per request) share each K tile; one row per request takes the rows
+    kernel once rows x columns reach the threshold per SM, the warp kernel below and past 8."""
+    t = I.ROWS_KERNEL_MIN_WORK_PER_SM
+    assert I.decode_rows_per_req(2, 64, 10, 132) == 2
+    assert I.decode_rows_per_req(8, 8, 64, 108) == 8
+    assert I.decode_rows_per_req(9, 9 * 64, 1 << 20, 108) == 0
+    assert I.decode_rows_per_req(1, 1, t * 108, 108) == 1
+    assert I.decode_rows_per_req(1, 1, t * 108 - 1, 108) == 0
+    assert I.decode_rows_per_req(1, 64, 8192, 132) == (64 * 8192 >= t * 132)
+    assert I.decode_rows_per_req(0, 64, 8192, 132) == 0
+
+
 def test_decode_topk_empty_block_table_selects_nothing():
     out = torch.full((4, 8), 5, dtype=torch.int32)
     q = torch.zeros(2, 2, 4, 128, dtype=torch.uint8)

@@ -1,6 +1,6 @@
 // Torch-facing ops of the lightning indexer's scorer (argument checks + launch):
 //   deepinfer_sm80::indexer_paged_keys (out variant; csrc/index/indexer_keys.cu, paged cache; with
-//                                       rows_per_req >= 2 the rows kernel, indexer_rows.cu)
+//                                       rows_per_req >= 1 the rows kernel, indexer_rows.cu)
 //   deepinfer_sm80::indexer_flat_keys  (out variant; over a flat workspace: by default the
 //                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
@@ -109,7 +109,7 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
   p.row_req = row_req.data_ptr<int32_t>();
   p.block_size = static_cast<int>(block_size);
   p.group_rows = static_cast<int>(rows_per_req);
-  if (rows_per_req >= 2 && indexer_rows_fits(p.heads, lim, p.group_rows)) {
+  if (rows_per_req >= 1 && indexer_rows_fits(p.heads, lim, p.group_rows)) {
     launch_indexer_rows(p, lim, api::stream());  // blocks of a request's rows share its K
   } else {
     launch_indexer_keys(p, lim, api::stream());

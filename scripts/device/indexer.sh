@@ -4,7 +4,8 @@
 # from compute_80 PTX as sm_90 SASS), run its GPU tests and the indexer/layer tests that go
 # through decode_topk / prefill_topk, then the benches (Triton scorer baselines in the same run):
 # bench/bench_indexer_keys.py (decode) and bench/bench_indexer_prefill.py (prefill).
-#   [INDEXER_BENCHES="keys prefill"] bash scripts/device/indexer.sh [quick]
+# INDEXER_SWEEP=1: also bench/sweep_decode_scorer.py (one row per request: warp vs rows kernel).
+#   [INDEXER_BENCHES="keys prefill"] [INDEXER_SWEEP=1] bash scripts/device/indexer.sh [quick]
 set -uo pipefail
 source "$(dirname "$0")/bundle_env.sh" indexer
 t0=$SECONDS
@@ -20,6 +21,13 @@ for b in ${INDEXER_BENCHES:-keys prefill}; do
   grep -E "^\||PASS|FAIL|copy" "$OUT/bench-$b.log" | head -70
   echo "=== bench $b ($((SECONDS - t0)) s)"
 done
+if [ "${INDEXER_SWEEP:-0}" = 1 ]; then  # one row per request: warp vs rows kernel by shape
+  t0=$SECONDS
+  $PY bench/sweep_decode_scorer.py > "$OUT/sweep-decode-scorer.log" 2>&1 || rc=1
+  grep -vE "^\{" "$OUT/sweep-decode-scorer.log" | tail -110
+  echo "=== sweep ($((SECONDS - t0)) s)"
+  find bench/results -name 'sweep_decode_scorer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+fi
 cp docs/benchmarks.md "$RES/benchmarks.md" 2>/dev/null
 find bench/results -name 'bench_indexer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
 echo "indexer.sh rc=$rc"; exit $rc

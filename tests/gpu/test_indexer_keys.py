@@ -1,5 +1,5 @@
 """The CUDA paged decode scorer of the lightning indexer (``deepinfer_sm80.ops.indexer``,
-csrc/index/indexer_keys.cu; with ``rows_per_req`` >= 2 csrc/index/indexer_rows.cu, blocks of a
+csrc/index/indexer_keys.cu; with ``rows_per_req`` >= 1 csrc/index/indexer_rows.cu, blocks of a
 request's rows sharing each K tile) on a GPU:
 
 * exact (dyadic) inputs: keys bit-equal to the float64 oracle's and to the Triton scorer's,
@@ -9,7 +9,7 @@ request's rows sharing each K tile) on a GPU:
 * NaN codes: the same keys as the Triton scorer (a poisoned head or column counts 0);
 * random full-range codes: within fp32 accumulation error of float64;
 * the rows kernel's keys bit-equal to the warp kernel's on random full-range inputs (NaN codes,
-  invalid pages and requests, rows in any order, 2..8 rows per block);
+  invalid pages and requests, rows in any order, 1..8 rows per block);
 * ``decode_topk`` with the CUDA scorer equal to the Triton scorer's indices, eager and under
   CUDA-graph replay on fresh queries.
 Outputs are poisoned before every call."""
@@ -121,7 +121,7 @@ def test_exact_keys_match_oracle_and_triton(rng, H, NN, smem_cap, rows):
     assert torch.equal(tri, want)
 
 
-@pytest.mark.parametrize("rows_per_req", [0, 2, 4])
+@pytest.mark.parametrize("rows_per_req", [0, 1, 2, 4])
 @pytest.mark.parametrize("smem_cap", [0, SM86_SMEM])
 @pytest.mark.parametrize("chunk", [64, 128, 0])
 @pytest.mark.parametrize("bs", [64, 16, 8])
@@ -182,7 +182,7 @@ def _paged(c, **kw):
 @pytest.mark.parametrize("kw", [{}, dict(chunk=64), dict(col0=37, n_cols=700),
                                 dict(sm_count=108), dict(sm_count=84, smem_cap=SM86_SMEM)])
 @pytest.mark.parametrize("H", [16, 32, 64])
-@pytest.mark.parametrize("NN", [2, 3, 6, 8])
+@pytest.mark.parametrize("NN", [1, 2, 3, 6, 8])
 def test_rows_kernel_equals_warp_kernel_bit_for_bit(rng, NN, H, kw):
     """decode_topk's MTP layout (NN rows per request, contiguous), random full-range inputs:
     the rows kernel (rows_per_req=NN) gives the warp kernel's keys exactly."""
@@ -199,7 +199,7 @@ def test_rows_kernel_any_row_order_and_bad_requests(rng):
     row_req = torch.tensor([0, 0, 1, 4, 4, 2, 2, 2, -1, 3, 5, 1, 3, 0, 4], dtype=torch.int32,
                            device=DEV)
     want = _paged(c, row_req=row_req)
-    for n in (2, 3, 5, 8):
+    for n in (1, 2, 3, 5, 8):
         assert torch.equal(_paged(c, row_req=row_req, rows_per_req=n), want), n
 
 
@@ -287,10 +287,23 @@ def test_random_codes_within_fp32_error(rng, H):
         assert (out.cpu()[r, n:] == I.INT64_MIN).all()
 
 
-def test_decode_topk_cuda_equals_triton_and_replays_in_a_graph(rng):
+@pytest.mark.parametrize("NN,min_work,want_rpr", [(3, None, 3), (1, 0, 1), (1, 1 << 40, 0)])
+def test_decode_topk_cuda_equals_triton_and_replays_in_a_graph(rng, monkeypatch, NN, min_work, want_rpr):
     """``decode_topk`` with the CUDA scorer selects exactly what the Triton scorer selects
-    (exact inputs), eagerly and replayed from a captured CUDA graph on fresh queries."""
-    B, NN, H, bs, K = 4, 3, 64, 64, 40
+    (exact inputs), eagerly and replayed from a captured CUDA graph on fresh queries; with
+    next_n rows per request (the rows kernel) and with one (the rows kernel or the warp kernel,
+    by ``decode_rows_per_req``'s threshold, forced here either way)."""
+    if min_work is not None:
+        monkeypatch.setattr(I, "ROWS_KERNEL_MIN_WORK_PER_SM", min_work)
+    seen = []
+    real = OI.indexer_paged_keys
+
+    def spy(*a, **kw):
+        seen.append(kw.get("rows_per_req", 0))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(OI, "indexer_paged_keys", spy)
+    B, H, bs, K = 4, 64, 64, 40
     ctxs = [500, 63, 130, 1]
     c = _case(rng, B=B, NN=NN, H=H, bs=bs, ctxs=ctxs)
     ctx = torch.tensor(ctxs).view(B, 1) - torch.arange(NN).flip(0).view(1, NN)
@@ -304,6 +317,7 @@ def test_decode_topk_cuda_equals_triton_and_replays_in_a_graph(rng):
         outs[scorer] = o.cpu()
     assert torch.equal(outs["cuda"], outs["triton"])
     assert (outs["cuda"] >= 0).any()
+    assert seen and set(seen) == {want_rpr}, seen
 
     o = torch.full((B * NN, K), -7, dtype=torch.int32, device=DEV)
     s = torch.cuda.Stream()

@@ -28,6 +28,7 @@ Imports nothing but torch (and, optionally, the Triton scorer in
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -379,6 +380,35 @@ def _row_lens(context_lens: torch.Tensor, B: int, NN: int) -> torch.Tensor:
     return c if c.dtype == torch.int32 and c.is_contiguous() else c.to(torch.int32).contiguous()
 
 
+# Rows x columns per SM from which one query row per request scores faster with the rows
+# kernel (one row per block) than with the warp kernel. bench/sweep_decode_scorer.py on the H200
+# (2026-12-02 06:30 UTC, 32 and 64 heads, grid for its 132 SMs): the warp kernel wins up to
+# 124 per SM (by 0-26%), the rows kernel from 248 (by 7-29%) at 32 and 64 heads.
+ROWS_KERNEL_MIN_WORK_PER_SM = 192
+
+
+def decode_rows_per_req(next_n: int, rows: int, n_cols: int, sm_count: int) -> int:
+    """``rows_per_req`` for ``indexer_paged_keys`` in a decode step: ``next_n`` (2..8) makes
+    blocks of a request's rows share each K tile; with one row per request the rows kernel
+    (``rows_per_req=1``) beats the warp kernel once its grid covers the SMs (rows x columns
+    >= ROWS_KERNEL_MIN_WORK_PER_SM x SMs), the warp kernel's many small blocks win below;
+    0: the warp kernel."""
+    if 2 <= next_n <= 8:
+        return next_n
+    if next_n == 1 and rows * n_cols >= ROWS_KERNEL_MIN_WORK_PER_SM * sm_count:
+        return 1
+    return 0
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _cuda_index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def decode_topk(
     q_fp8: torch.Tensor,
     weights: torch.Tensor,
@@ -431,11 +461,13 @@ def decode_topk(
             row_req = row_req.view(B, 1).expand(B, NN).reshape(rows)
         lo = torch.zeros(rows, dtype=torch.int32, device=dev)
         bt32 = block_table.to(torch.int32)
-        # the rows of a request (MTP / speculative tokens) share each decoded K tile
-        rows_kw = {"rows_per_req": NN} if use_cuda and 2 <= NN <= 8 else {}
         total = maxb * block_size
         tile = pages_per_tile * block_size if pages_per_tile else max(
             block_size, (tile_budget // max(1, rows * 8)) // block_size * block_size)
+        # the rows of a request (MTP / speculative tokens) share each decoded K tile; one row
+        # per request takes the rows kernel too where its grid covers the SMs
+        rpr = decode_rows_per_req(NN, rows, min(tile, total), _sm_count(_cuda_index(dev))) if use_cuda else 0
+        rows_kw = {"rows_per_req": rpr} if rpr else {}
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
         for t0 in range(0, total, tile):
             t1 = min(total, t0 + tile)

@@ -108,10 +108,12 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     ``row_req`` / ``lo`` / ``hi`` int32 [rows]. ``chunk``: columns per block (a multiple of 64;
     0 sizes it from the SM count). ``sm_count`` / ``smem_cap``: size the grid and the ring depth
     for another part (e.g. 108 SMs, or SM86's 101376-byte shared-memory limit: a 4-stage ring
-    instead of 8); 0/None: the device's. ``rows_per_req`` (2..8; MTP / speculative decode rows):
-    blocks take rows [k n, (k + 1) n) together and decode each K tile once for all of them
-    (csrc/index/indexer_rows.cu); best when those rows share a request, correct in any order;
-    the same keys, bit for bit. 0 or 1: a warp per row (csrc/index/indexer_keys.cu)."""
+    instead of 8); 0/None: the device's. ``rows_per_req`` (1..8; 2+ for MTP / speculative decode
+    rows): blocks take rows [k n, (k + 1) n) together and decode each K tile once for all of
+    them (csrc/index/indexer_rows.cu); best when those rows share a request, correct in any
+    order; the same keys, bit for bit. 1: that kernel with one row per block (Q in shared
+    memory; faster than a warp per row once its grid covers the SMs:
+    ``ampere.indexer.decode_rows_per_req``). 0: a warp per row (csrc/index/indexer_keys.cu)."""
     if not 0 <= int(rows_per_req) <= 8:
         raise ValueError(f"rows_per_req must be in [0, 8], got {rows_per_req}")
     dev, rows = _check_rows(q_u8, w, out)
