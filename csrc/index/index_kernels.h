@@ -131,6 +131,7 @@ struct RowTopkParams {
   int rows;
   int n;
   int k;                          // 1..kRowTopkMaxK
+  bool stage = false;             // set by the launcher: the row fits in shared memory
 };
 constexpr int kRowTopkMaxK = 1024;
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream);

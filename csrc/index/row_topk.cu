@@ -5,9 +5,11 @@
 // One block per row. Radix select from the most significant byte on the keys made unsigned
 // (key ^ 2^63 keeps their order): each pass histograms one byte of the keys that share the
 // prefix chosen so far, and picks the byte value at which the count from the top reaches the
-// number still needed. While more than kCand candidates share the prefix, the passes read the
-// row from global memory (the scorer has just written it, so from L2); once at most kCand
-// remain, they are copied to shared memory and the remaining passes run there. The k-th
+// number still needed. A row of at most kStageMax keys is copied to shared memory by the first
+// pass, and the other passes and the selection read it there. Longer rows: while more than kCand
+// candidates share the prefix, the passes read the row from global memory (the scorer has just
+// written it, so from L2); once at most kCand remain, they are copied to shared memory and the
+// remaining passes run there. The k-th
 // largest key T is then known exactly: every key above T is selected, and copies of T fill the
 // rest (T repeats only as INT64_MIN). A pass whose chosen byte holds exactly the keys still
 // needed ends the select early: the k keys are then those at or above the prefix (for the
@@ -25,6 +27,9 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kCand = 4096;  // candidates kept in shared memory (32 KB)
+// Rows of at most kStageMax keys (64 KB) are copied to shared memory by the first pass, and
+// every later pass and the final selection read them there (no candidate copy).
+constexpr int kStageMax = 8192;
 constexpr uint64_t kSign = uint64_t{1} << 63;
 
 // the bitonic sort's width: the smallest power of two >= k
@@ -80,9 +85,9 @@ __device__ __forceinline__ void pick_digit(const int* hist, int& need, int& digi
 __global__ void __launch_bounds__(kThreads)
 row_topk_kernel(const RowTopkParams p) {
   __shared__ int hist[256];
-  __shared__ uint64_t cand[kCand];
   __shared__ int s_need, s_digit, s_count, s_n;
-  extern __shared__ __align__(16) uint64_t sel[];  // [pow2 >= k]
+  // [pow2 >= k] selection, then [kCand] candidates or (staged rows) the row's n keys
+  extern __shared__ __align__(16) uint64_t sel[];
 
   const int tid = threadIdx.x;
   const int row = blockIdx.x;
@@ -90,6 +95,8 @@ row_topk_kernel(const RowTopkParams p) {
   const int n = p.n;
   const int k = p.k;
   const int sel_n = pow2_at_least(k);
+  uint64_t* const cand = sel + sel_n;
+  const bool staged = p.stage && n > k;  // the row goes to cand[0, n) in the first pass
 
   uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
   int fill;           // copies of thr to add
@@ -105,7 +112,20 @@ row_topk_kernel(const RowTopkParams p) {
     for (int shift = 56; shift >= 0; shift -= 8) {
       for (int i = tid; i < 256; i += kThreads) hist[i] = 0;
       __syncthreads();
-      if (!in_smem) {
+      if (staged) {
+        if (shift == 56) {  // first pass: every key counts; copy the row
+          for (int i = tid; i < n; i += kThreads) {
+            const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+            cand[i] = u;
+            atomicAdd(&hist[u >> 56], 1);
+          }
+        } else {
+          for (int i = tid; i < n; i += kThreads) {
+            const uint64_t u = cand[i];
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+          }
+        }
+      } else if (!in_smem) {
         for (int i = tid; i < n; i += kThreads) {
           const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
           if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
@@ -161,7 +181,7 @@ row_topk_kernel(const RowTopkParams p) {
       }
       prefix |= d << shift;
       mask |= dmask;
-      if (!in_smem && count <= kCand && shift > 0) {
+      if (!staged && !in_smem && count <= kCand && shift > 0) {
         if (tid == 0) s_n = 0;
         __syncthreads();
         for (int i = tid; i < n; i += kThreads) {
@@ -181,7 +201,7 @@ row_topk_kernel(const RowTopkParams p) {
   if (tid == 0) s_n = 0;
   __syncthreads();
   for (int i = tid; i < n; i += kThreads) {
-    const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+    const uint64_t u = staged ? cand[i] : static_cast<uint64_t>(keys[i]) ^ kSign;
     if (n <= k ? true : (at_least ? u >= thr : u > thr)) sel[atomicAdd(&s_n, 1)] = u;
   }
   __syncthreads();
@@ -218,13 +238,22 @@ row_topk_kernel(const RowTopkParams p) {
   for (int i = tid; i < k; i += kThreads) out[i] = static_cast<int64_t>(sel[i] ^ kSign);
 }
 
-int row_topk_smem_bytes(int k) { return pow2_at_least(k) * static_cast<int>(sizeof(uint64_t)); }
+// Dynamic shared memory: the selection (pow2 >= k keys), then kCand candidates or the staged row.
+int row_topk_smem_bytes(int k, bool stage, int n) {
+  return (pow2_at_least(k) + (stage ? n : kCand)) * static_cast<int>(sizeof(uint64_t));
+}
 
 }  // namespace
 
-void launch_row_topk(const RowTopkParams& p, cudaStream_t stream) {
-  if (p.rows <= 0 || p.k <= 0) return;
-  row_topk_kernel<<<p.rows, kThreads, row_topk_smem_bytes(p.k), stream>>>(p);
+void launch_row_topk(const RowTopkParams& params, cudaStream_t stream) {
+  if (params.rows <= 0 || params.k <= 0) return;
+  RowTopkParams p = params;
+  static const bool can_stage = [] {  // beyond 48 KB of dynamic shared memory, once
+    return cudaFuncSetAttribute(row_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                row_topk_smem_bytes(kRowTopkMaxK, true, kStageMax)) == cudaSuccess;
+  }();
+  p.stage = can_stage && p.n > p.k && p.n <= kStageMax;
+  row_topk_kernel<<<p.rows, kThreads, row_topk_smem_bytes(p.k, p.stage, p.n), stream>>>(p);
 }
 
 }  // namespace deepinfer_sm80

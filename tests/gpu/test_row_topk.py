@@ -99,10 +99,11 @@ def test_select_decided_at_one_byte(rng, pos, above):
     """Keys whose k largest are decided at byte ``pos`` (0 = most significant): every key of a
     row shares the bytes before it, ``above`` keys carry 250 there, k - above carry 200 and the
     rest less, the bytes after it are random. The select can stop at that byte (early exit);
-    the rows are long enough that the first passes read global memory (20,000) or short enough
-    that they run in shared memory (2,048)."""
+    rows of up to 8,192 keys are copied to shared memory whole by the first pass (2,048 and
+    8,192); longer rows are read from global memory until their candidates fit in shared
+    memory (8,193 and 20,000)."""
     k = 512
-    for n in (2048, 20000):
+    for n in (2048, 8192, 8193, 20000):
         b = torch.randint(0, 256, (3, n, 8), generator=rng, dtype=torch.uint8)
         common = torch.randint(0, 256, (3, 1, 8), generator=rng, dtype=torch.uint8)
         b[:, :, :pos] = common[:, :, :pos]
