@@ -13,7 +13,9 @@ diff of their opcodes). 0 means the loop schedule is that of the base.
         [--gencode arch=compute_80,code=sm_90]
     (BASE_ROOT: e.g. a `git archive BASE csrc | tar x -C /tmp/base` tree)
 
-Needs nvcc and cuobjdump on PATH (pip install nvidia-cuda-cuobjdump provides the latter).
+Needs nvcc, cuobjdump and nvdisasm on PATH. The last two come as wheels from the package index
+(`pip download --no-deps nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`, unzip, then put their
+nvidia/cu13/bin on PATH); cuobjdump -sass fails without nvdisasm.
 """
 from __future__ import annotations
 
