@@ -209,33 +209,64 @@ row_topk_kernel(const RowTopkParams p) {
   for (int i = above + tid; i < sel_n; i += kThreads) sel[i] = (i < above + fill) ? thr : 0;
   __syncthreads();
 
-  // bitonic sort, descending
+  // Bitonic sort, descending. Thread tid holds elements tid + r * kThreads (r < kPer) in
+  // registers. A step with stride < 32 pairs lanes of one warp and exchanges by shuffles, with no
+  // barrier (35 of the 45 steps at k 512); a longer stride goes through shared memory (two
+  // barriers). Element i keeps the larger of (own, partner) when it is the pair's lower index
+  // of a descending run, or the upper index of an ascending one; else the smaller.
+  constexpr int kPer = kRowTopkMaxK / kThreads;
+  uint64_t v[kPer];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int i = tid + r * kThreads;
+    v[r] = i < sel_n ? sel[i] : 0;
+  }
   for (int size = 2; size <= sel_n; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < sel_n; i += kThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool desc = (i & size) == 0;
-          const uint64_t a = sel[i], b = sel[j];
-          if (desc ? a < b : a > b) {
-            sel[i] = b;
-            sel[j] = a;
-          }
+      uint64_t o[kPer];
+      if (stride >= 32) {
+        __syncthreads();  // every read of the previous shared-memory step is done
+#pragma unroll
+        for (int r = 0; r < kPer; ++r) {
+          const int i = tid + r * kThreads;
+          if (i < sel_n) sel[i] = v[r];
         }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < kPer; ++r) {
+          const int i = tid + r * kThreads;
+          o[r] = i < sel_n ? sel[i ^ stride] : 0;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kPer; ++r) o[r] = __shfl_xor_sync(0xFFFFFFFFu, v[r], stride);
       }
-      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const int i = tid + r * kThreads;
+        const bool take_max = ((i & size) == 0) == ((i & stride) == 0);
+        v[r] = take_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
+      }
     }
   }
   if (p.out_idx != nullptr) {  // the keys' column indices (keys_to_indices), -1 for INT64_MIN
     int32_t* out = p.out_idx + static_cast<int64_t>(row) * p.out_stride;
-    for (int i = tid; i < k; i += kThreads) {
-      const uint64_t key = sel[i] ^ kSign;
-      out[i] = key == kSign ? -1 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) {
+      const int i = tid + r * kThreads;
+      if (i < k) {
+        const uint64_t key = v[r] ^ kSign;
+        out[i] = key == kSign ? -1 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+      }
     }
     return;
   }
   int64_t* out = p.out + static_cast<int64_t>(row) * p.out_stride;
-  for (int i = tid; i < k; i += kThreads) out[i] = static_cast<int64_t>(sel[i] ^ kSign);
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int i = tid + r * kThreads;
+    if (i < k) out[i] = static_cast<int64_t>(v[r] ^ kSign);
+  }
 }
 
 // Dynamic shared memory: the selection (pow2 >= k keys), then kCand candidates or the staged row.
