@@ -383,7 +383,7 @@ def _row_lens(context_lens: torch.Tensor, B: int, NN: int) -> torch.Tensor:
 # Rows x columns per SM from which one query row per request scores faster with the rows
 # kernel (one row per block) than with the warp kernel. bench/sweep_decode_scorer.py on the H200
 # (2026-12-02 06:30 UTC, 32 and 64 heads, grid for its 132 SMs): the warp kernel wins up to
-# 124 per SM (by 0-26%), the rows kernel from 248 (by 7-29%) at 32 and 64 heads.
+# 124 per SM (by 0-26%), the rows kernel from 248 (by 3-29%) at 32 and 64 heads.
 ROWS_KERNEL_MIN_WORK_PER_SM = 192
 
 
