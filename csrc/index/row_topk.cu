@@ -9,13 +9,14 @@
 // pass, and the other passes and the selection read it there. Longer rows: while more than kCand
 // candidates share the prefix, the passes read the row from global memory (the scorer has just
 // written it, so from L2); once at most kCand remain, they are copied to shared memory and the
-// remaining passes run there. The k-th
-// largest key T is then known exactly: every key above T is selected, and copies of T fill the
-// rest (T repeats only as INT64_MIN). A pass whose chosen byte holds exactly the keys still
-// needed ends the select early: the k keys are then those at or above the prefix (for the
-// indexer's keys, whose high half is the score, usually after 3-4 of the 8 passes). The k keys
-// are sorted in shared memory (bitonic) and written, as keys or (out_idx) as the int32 column
-// indices the keys carry. Deterministic: the result is a function of the multiset of keys.
+// remaining passes run there. The k-th largest key T is then known exactly: every key above T
+// is selected, and copies of T fill the rest (T repeats only as INT64_MIN). A pass whose chosen
+// byte holds exactly the keys still needed ends the select early: the k keys are then those at
+// or above the prefix (for the indexer's keys, whose high half is the score, usually after 3-4
+// of the 8 passes). The k keys are sorted (bitonic, in registers: warp shuffles for strides
+// under 32, shared memory for the longer ones) and written, as keys or (out_idx) as the int32
+// column indices the keys carry. Deterministic: the result is a function of the multiset of
+// keys.
 #include <cuda_runtime.h>
 
 #include <cstdint>
