@@ -172,14 +172,14 @@ def main(argv=None) -> int:
                      f"min overlap {overlap:.4f}, keys bit-equal: {same_keys}")
         variants = [("triton", lambda s: scorer_call(mqa_logits_tile, s)),
                     ("cuda", lambda s: scorer_call(OI.indexer_paged_keys, s))]
-        if NN >= 1:  # blocks of a request's rows sharing each K tile (one row: one per block)
-            scorer_call(OI.indexer_paged_keys, s0, rows_per_req=NN)()
-            report.check(f"{shape}: the rows kernel's keys bit-equal to the warp kernel's",
-                         torch.equal(s0["out"], k_cuda))
-            variants.append((f"cuda rows (rows_per_req={NN})",
-                             lambda s: scorer_call(OI.indexer_paged_keys, s, rows_per_req=NN)))
-            variants.append((f"cuda rows, SM86 limits (84 SMs, 99 KB)", lambda s: scorer_call(
-                OI.indexer_paged_keys, s, rows_per_req=NN, sm_count=84, smem_cap=101376)))
+        # the rows kernel: blocks of a request's rows sharing each K tile (one row: one per block)
+        scorer_call(OI.indexer_paged_keys, s0, rows_per_req=NN)()
+        report.check(f"{shape}: the rows kernel's keys bit-equal to the warp kernel's",
+                     torch.equal(s0["out"], k_cuda))
+        variants.append((f"cuda rows (rows_per_req={NN})",
+                         lambda s: scorer_call(OI.indexer_paged_keys, s, rows_per_req=NN)))
+        variants.append(("cuda rows, SM86 limits (84 SMs, 99 KB)", lambda s: scorer_call(
+            OI.indexer_paged_keys, s, rows_per_req=NN, sm_count=84, smem_cap=101376)))
         if args.sm_count:
             variants.append((f"cuda, grid for {args.sm_count} SMs",
                              lambda s: scorer_call(OI.indexer_paged_keys, s, sm_count=args.sm_count)))
