@@ -5,11 +5,12 @@
 # through decode_topk / prefill_topk, then the benches (Triton scorer baselines in the same run):
 # bench/bench_indexer_keys.py (decode) and bench/bench_indexer_prefill.py (prefill).
 # INDEXER_SWEEP=1: also bench/sweep_decode_scorer.py (one row per request: warp vs rows kernel).
-#   [INDEXER_BENCHES="keys prefill"] [INDEXER_SWEEP=1] bash scripts/device/indexer.sh [quick]
+# INDEXER_TESTS=0: no tests (after a final.sh tests run in the same call).
+#   [INDEXER_BENCHES="keys prefill"] [INDEXER_SWEEP=1] [INDEXER_TESTS=0] bash scripts/device/indexer.sh [quick]
 set -uo pipefail
 source "$(dirname "$0")/bundle_env.sh" indexer
 t0=$SECONDS
-$PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py tests/gpu/test_row_topk.py \
+[ "${INDEXER_TESTS:-1}" = 0 ] || $PY -m pytest -q -rs -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py tests/gpu/test_row_topk.py \
   tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -15 "$OUT/gpu-tests.log"
 echo "=== gpu tests rc=$rc ($((SECONDS - t0)) s)"
