@@ -83,6 +83,55 @@ __device__ __forceinline__ void pick_digit(const int* hist, int& need, int& digi
   count = __shfl_sync(0xFFFFFFFFu, cnt, src);
 }
 
+// One compare-exchange of the bitonic network for element i (own value v, partner's o): keep
+// the larger when i is the pair's lower index in a descending run (i & size == 0) or its upper
+// index in an ascending one; else the smaller.
+__device__ __forceinline__ uint64_t bitonic_keep(uint64_t v, uint64_t o, int i, int size,
+                                                 int stride) {
+  const bool take_max = ((i & size) == 0) == ((i & stride) == 0);
+  return (v > o) == take_max ? v : o;
+}
+
+// Sorts sel_n (a power of two, <= kPer * kThreads) keys descending; thread tid holds elements
+// tid + r * kThreads (r < kPer) in v, and leaves them there sorted. A step with stride < 32
+// pairs lanes of one warp and exchanges by shuffles, with no barrier (35 of the 45 steps at
+// sel_n 512; unrolled, so the lane tests fold into constants); a longer stride goes through
+// `sel` in shared memory (two barriers). Elements >= sel_n carry junk that no valid element
+// reads: a partner i ^ stride (stride < size <= sel_n, powers of two) is < sel_n exactly when
+// i is.
+template <int kPer>
+__device__ __forceinline__ void bitonic_desc(uint64_t (&v)[kPer], uint64_t* sel, int sel_n,
+                                             int tid) {
+  for (int size = 2; size <= sel_n; size <<= 1) {
+    for (int stride = size >> 1; stride >= 32; stride >>= 1) {
+      __syncthreads();  // every read of the previous shared-memory step is done
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const int i = tid + r * kThreads;
+        if (i < sel_n) sel[i] = v[r];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const int i = tid + r * kThreads;
+        if (i < sel_n) v[r] = bitonic_keep(v[r], sel[i ^ stride], i, size, stride);
+      }
+    }
+#pragma unroll
+    for (int stride = 16; stride > 0; stride >>= 1) {
+      if (stride < size) {  // uniform
+#pragma unroll
+        for (int r = 0; r < kPer; ++r) {
+          const uint64_t o = __shfl_xor_sync(0xFFFFFFFFu, v[r], stride);
+          v[r] = bitonic_keep(v[r], o, tid + r * kThreads, size, stride);
+        }
+      }
+    }
+  }
+}
+
+// kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2.
+template <int kPer>
 __global__ void __launch_bounds__(kThreads)
 row_topk_kernel(const RowTopkParams p) {
   __shared__ int hist[256];
@@ -210,46 +259,15 @@ row_topk_kernel(const RowTopkParams p) {
   for (int i = above + tid; i < sel_n; i += kThreads) sel[i] = (i < above + fill) ? thr : 0;
   __syncthreads();
 
-  // Bitonic sort, descending. Thread tid holds elements tid + r * kThreads (r < kPer) in
-  // registers. A step with stride < 32 pairs lanes of one warp and exchanges by shuffles, with no
-  // barrier (35 of the 45 steps at k 512); a longer stride goes through shared memory (two
-  // barriers). Element i keeps the larger of (own, partner) when it is the pair's lower index
-  // of a descending run, or the upper index of an ascending one; else the smaller.
-  constexpr int kPer = kRowTopkMaxK / kThreads;
+  // Bitonic sort, descending, in registers (bitonic_desc): thread tid holds elements
+  // tid + r * kThreads, r < kPer.
   uint64_t v[kPer];
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int i = tid + r * kThreads;
     v[r] = i < sel_n ? sel[i] : 0;
   }
-  for (int size = 2; size <= sel_n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      uint64_t o[kPer];
-      if (stride >= 32) {
-        __syncthreads();  // every read of the previous shared-memory step is done
-#pragma unroll
-        for (int r = 0; r < kPer; ++r) {
-          const int i = tid + r * kThreads;
-          if (i < sel_n) sel[i] = v[r];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < kPer; ++r) {
-          const int i = tid + r * kThreads;
-          o[r] = i < sel_n ? sel[i ^ stride] : 0;
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < kPer; ++r) o[r] = __shfl_xor_sync(0xFFFFFFFFu, v[r], stride);
-      }
-#pragma unroll
-      for (int r = 0; r < kPer; ++r) {
-        const int i = tid + r * kThreads;
-        const bool take_max = ((i & size) == 0) == ((i & stride) == 0);
-        v[r] = take_max ? (v[r] > o[r] ? v[r] : o[r]) : (v[r] < o[r] ? v[r] : o[r]);
-      }
-    }
-  }
+  bitonic_desc<kPer>(v, sel, sel_n, tid);
   if (p.out_idx != nullptr) {  // the keys' column indices (keys_to_indices), -1 for INT64_MIN
     int32_t* out = p.out_idx + static_cast<int64_t>(row) * p.out_stride;
 #pragma unroll
@@ -281,11 +299,19 @@ void launch_row_topk(const RowTopkParams& params, cudaStream_t stream) {
   if (params.rows <= 0 || params.k <= 0) return;
   RowTopkParams p = params;
   static const bool can_stage = [] {  // beyond 48 KB of dynamic shared memory, once
-    return cudaFuncSetAttribute(row_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                row_topk_smem_bytes(kRowTopkMaxK, true, kStageMax)) == cudaSuccess;
+    const int bytes = row_topk_smem_bytes(kRowTopkMaxK, true, kStageMax);
+    return cudaFuncSetAttribute(row_topk_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes) == cudaSuccess &&
+           cudaFuncSetAttribute(row_topk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes) == cudaSuccess;
   }();
   p.stage = can_stage && p.n > p.k && p.n <= kStageMax;
-  row_topk_kernel<<<p.rows, kThreads, row_topk_smem_bytes(p.k, p.stage, p.n), stream>>>(p);
+  const int smem = row_topk_smem_bytes(p.k, p.stage, p.n);
+  if (pow2_at_least(p.k) <= kThreads) {
+    row_topk_kernel<1><<<p.rows, kThreads, smem, stream>>>(p);
+  } else {
+    row_topk_kernel<2><<<p.rows, kThreads, smem, stream>>>(p);
+  }
 }
 
 }  // namespace deepinfer_sm80

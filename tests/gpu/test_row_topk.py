@@ -53,7 +53,7 @@ def _check(keys, k):
     assert bool((wide[:, k:] == -7).all()) and bool((wide[keys.shape[0]:] == -7).all())
 
 
-@pytest.mark.parametrize("k", [1, 7, 512, 1024])
+@pytest.mark.parametrize("k", [1, 7, 512, 513, 1024])  # 513: the first k sorted two keys per thread
 @pytest.mark.parametrize("n", [1, 511, 512, 513, 8192, 65536])
 def test_random_scores(rng, n, k):
     s = torch.randn(5, n, generator=rng).to(DEV)
