@@ -40,6 +40,15 @@ __host__ __device__ __forceinline__ int pow2_at_least(int k) {
   return s;
 }
 
+// hist[bin] += 1 when take: a predicated shared-memory reduction (no branch around the atomic,
+// no returned value), so the passes' loops stay straight-line code.
+__device__ __forceinline__ void hist_add_if(int* hist, uint32_t bin, bool take) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(hist + bin));
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
+      ::"r"(addr), "r"(static_cast<uint32_t>(take)));
+}
+
 // The byte of the next pass: hist[256] of the candidates, `need` >= 1 of them wanted from the
 // top. Returns the byte value d and updates need (what is still wanted among keys with byte d)
 // and count (how many candidates have byte d). Run by one warp.
@@ -169,16 +178,25 @@ row_topk_kernel(const RowTopkParams p) {
             cand[i] = u;
             atomicAdd(&hist[u >> 56], 1);
           }
+        } else if (shift >= 32) {  // prefix and byte in the high word: read only that
+          const uint32_t* hi = reinterpret_cast<const uint32_t*>(cand) + 1;
+          const uint32_t pre_hi = static_cast<uint32_t>(prefix >> 32);
+          const uint32_t mask_hi = static_cast<uint32_t>(mask >> 32);
+          const int sh = shift - 32;
+          for (int i = tid; i < n; i += kThreads) {
+            const uint32_t h = hi[2 * i];
+            hist_add_if(hist, (h >> sh) & 255, (h & mask_hi) == pre_hi);
+          }
         } else {
           for (int i = tid; i < n; i += kThreads) {
             const uint64_t u = cand[i];
-            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+            hist_add_if(hist, static_cast<uint32_t>(u >> shift) & 255, (u & mask) == prefix);
           }
         }
       } else if (!in_smem) {
         for (int i = tid; i < n; i += kThreads) {
           const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
-          if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+          hist_add_if(hist, static_cast<uint32_t>(u >> shift) & 255, (u & mask) == prefix);
         }
       } else {
         for (int i = tid; i < ncand; i += kThreads) {

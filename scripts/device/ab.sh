@@ -27,7 +27,7 @@ if [ "${1:-}" = --pack ]; then
     && echo "dist/ab-base-csrc.tar.gz: csrc of $(git rev-parse --short "$2")"
   exit $?
 fi
-BASE_TGZ=$(pwd)/dist/ab-base-csrc.tar.gz
+BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}  # AB_BASE_TGZ: another packed base
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
 source "$(dirname "$0")/bundle_env.sh" ab
 ab_variant() {  # bundle_env's variant, plus so: the .so the variant runs on
