@@ -115,6 +115,34 @@ def test_select_decided_at_one_byte(rng, pos, above):
         _check(_raw_keys(b).to(DEV), k)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("above", [0, 100])
+@pytest.mark.parametrize("bucket", ["least", "quarter", "half", "half+1"])
+def test_bucket_split_staged(rng, bucket, above, ties):
+    """Rows staged in shared memory whose most significant byte leaves the k-th key in a bucket
+    of at most half the row: the kernel then keeps only that bucket for its later passes and
+    moves the keys above it to the selection (half + 1: just too large, not split). ``above``
+    keys carry 250 in that byte, the bucket 200, the rest less; with ``ties`` half the bucket
+    shares all its other bytes too, so the k-th key repeats."""
+    k = 512
+    for n in (600, 2048, 4097, 8192):
+        size = {"least": k - above + 1, "quarter": n // 4, "half": n // 2, "half+1": n // 2 + 1}[bucket]
+        size = max(size, k - above + 1)
+        if above + size > n:
+            continue
+        b = torch.randint(0, 256, (3, n, 8), generator=rng, dtype=torch.uint8)
+        top = torch.randint(0, 200, (3, n), generator=rng, dtype=torch.uint8)
+        perm = torch.argsort(torch.rand(3, n, generator=rng), dim=1)
+        top.scatter_(1, perm[:, :above], 250)
+        top.scatter_(1, perm[:, above:above + size], 200)
+        b[:, :, 0] = top
+        if ties:
+            same = perm[:, above:above + size // 2]
+            b[:, :, 1:].scatter_(1, same.unsqueeze(-1).expand(-1, -1, 7),
+                                 torch.full((3, same.shape[1], 7), 77, dtype=torch.uint8))
+        _check(_raw_keys(b).to(DEV), k)
+
+
 def test_exactly_k_keys_not_int64_min(rng):
     k = 512
     s = torch.randn(2, 9000, generator=rng).to(DEV)
