@@ -6,9 +6,7 @@
 // (key ^ 2^63 keeps their order): each pass histograms one byte of the keys that share the
 // prefix chosen so far, and picks the byte value at which the count from the top reaches the
 // number still needed. A row of at most kStageMax keys is copied to shared memory by the first
-// pass, and the other passes and the selection read it there; once the prefix's bucket holds at
-// most half the row, the keys above the bucket go straight to the selection and the bucket is
-// compacted in place, so the later passes and the selection read only the bucket. Longer rows: while more than kCand
+// pass, and the other passes and the selection read it there. Longer rows: while more than kCand
 // candidates share the prefix, the passes read the row from global memory (the scorer has just
 // written it, so from L2); once at most kCand remain, they are copied to shared memory and the
 // remaining passes run there. The k-th largest key T is then known exactly: every key above T
@@ -141,52 +139,12 @@ __device__ __forceinline__ void bitonic_desc(uint64_t (&v)[kPer], uint64_t* sel,
   }
 }
 
-// Splits a staged row cand[0, n) (n <= kStageMax) by the prefix chosen so far: keys above the
-// prefix are among the k and go to sel[0, sel_base); the keys with the prefix (its bucket) are
-// compacted in place to cand[0, src_n); the rest are dropped. In place, in two halves of
-// kStageMax / 2 keys held in registers: the writes of a half land below the end of that half
-// (at most that many keys kept so far), and every key there has been read before the barrier
-// that precedes them; the next half's reads lie beyond them. Order within the outputs is
-// arbitrary (the result depends only on the multiset).
-__device__ __forceinline__ void split_staged(uint64_t* cand, uint64_t* sel, int& src_n,
-                                             int& sel_base, uint64_t prefix, uint64_t mask,
-                                             int& s_n, int& s_above, int tid) {
-  constexpr int kHalf = kStageMax / 2 / kThreads;
-  const int n = src_n;
-  // (The barrier after the last histogram pass ordered its reads of cand; s_n and s_above are
-  // not read there, and every atomic on them follows the barrier below.)
-  if (tid == 0) {
-    s_n = 0;
-    s_above = 0;
-  }
-  for (int base = 0; base < n; base += kHalf * kThreads) {
-    uint64_t mine[kHalf];
-    int cls[kHalf];  // 0 drop, 1 bucket, 2 above
-#pragma unroll
-    for (int j = 0; j < kHalf; ++j) {
-      const int i = base + tid + j * kThreads;
-      mine[j] = i < n ? cand[i] : 0;
-      const uint64_t m = mine[j] & mask;
-      cls[j] = i >= n ? 0 : (m == prefix ? 1 : (m > prefix ? 2 : 0));
-    }
-    __syncthreads();  // this half read (and the counters reset) before any write
-#pragma unroll
-    for (int j = 0; j < kHalf; ++j) {
-      if (cls[j] == 1) cand[atomicAdd(&s_n, 1)] = mine[j];
-      if (cls[j] == 2) sel[atomicAdd(&s_above, 1)] = mine[j];
-    }
-  }
-  __syncthreads();
-  src_n = s_n;
-  sel_base = s_above;
-}
-
 // kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2.
 template <int kPer>
 __global__ void __launch_bounds__(kThreads)
 row_topk_kernel(const RowTopkParams p) {
   __shared__ int hist[256];
-  __shared__ int s_need, s_digit, s_count, s_n, s_above;
+  __shared__ int s_need, s_digit, s_count, s_n;
   // [pow2 >= k] selection, then [kCand] candidates or (staged rows) the row's n keys
   extern __shared__ __align__(16) uint64_t sel[];
 
@@ -198,10 +156,6 @@ row_topk_kernel(const RowTopkParams p) {
   const int sel_n = pow2_at_least(k);
   uint64_t* const cand = sel + sel_n;
   const bool staged = p.stage && n > k;  // the row goes to cand[0, n) in the first pass
-  // Staged rows: the passes scan cand[0, src_n); after the split (split_staged) that is only
-  // the prefix's bucket, and sel[0, sel_base) holds the keys above it.
-  int src_n = n;
-  int sel_base = 0;
 
   uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
   int fill;           // copies of thr to add
@@ -229,12 +183,12 @@ row_topk_kernel(const RowTopkParams p) {
           const uint32_t pre_hi = static_cast<uint32_t>(prefix >> 32);
           const uint32_t mask_hi = static_cast<uint32_t>(mask >> 32);
           const int sh = shift - 32;
-          for (int i = tid; i < src_n; i += kThreads) {
+          for (int i = tid; i < n; i += kThreads) {
             const uint32_t h = hi[2 * i];
             hist_add_if(hist, (h >> sh) & 255, (h & mask_hi) == pre_hi);
           }
         } else {
-          for (int i = tid; i < src_n; i += kThreads) {
+          for (int i = tid; i < n; i += kThreads) {
             const uint64_t u = cand[i];
             hist_add_if(hist, static_cast<uint32_t>(u >> shift) & 255, (u & mask) == prefix);
           }
@@ -295,10 +249,6 @@ row_topk_kernel(const RowTopkParams p) {
       }
       prefix |= d << shift;
       mask |= dmask;
-      if (staged && src_n == n && shift > 0 && 2 * count <= n) {
-        // The bucket holds at most half the row: keep only it for the later passes
-        split_staged(cand, sel, src_n, sel_base, prefix, mask, s_n, s_above, tid);
-      }
       if (!staged && !in_smem && count <= kCand && shift > 0) {
         if (tid == 0) s_n = 0;
         __syncthreads();
@@ -316,9 +266,9 @@ row_topk_kernel(const RowTopkParams p) {
   }
 
   // gather the keys above thr (and, when n <= k, every key), then the copies of thr
-  if (tid == 0) s_n = sel_base;
+  if (tid == 0) s_n = 0;
   __syncthreads();
-  for (int i = tid; i < src_n; i += kThreads) {
+  for (int i = tid; i < n; i += kThreads) {
     const uint64_t u = staged ? cand[i] : static_cast<uint64_t>(keys[i]) ^ kSign;
     if (n <= k ? true : (at_least ? u >= thr : u > thr)) sel[atomicAdd(&s_n, 1)] = u;
   }

@@ -120,10 +120,11 @@ def test_select_decided_at_one_byte(rng, pos, above):
 @pytest.mark.parametrize("bucket", ["least", "quarter", "half", "half+1"])
 def test_bucket_split_staged(rng, bucket, above, ties):
     """Rows staged in shared memory whose most significant byte leaves the k-th key in a bucket
-    of at most half the row: the kernel then keeps only that bucket for its later passes and
-    moves the keys above it to the selection (half + 1: just too large, not split). ``above``
-    keys carry 250 in that byte, the bucket 200, the rest less; with ``ties`` half the bucket
-    shares all its other bytes too, so the k-th key repeats."""
+    of k - above + 1 keys up to half the row (and one more): ``above`` keys carry 250 in that
+    byte, the bucket 200, the rest less; with ``ties`` half the bucket shares all its other
+    bytes too, so the k-th key repeats. (Written for a kernel variant that compacted such a
+    bucket in place, docs/experiments/row-topk-bucket-split.diff, dropped as slower; it tests
+    the shipped kernel's staged passes on the same rows.)"""
     k = 512
     for n in (600, 2048, 4097, 8192):
         size = {"least": k - above + 1, "quarter": n // 4, "half": n // 2, "half+1": n // 2 + 1}[bucket]
