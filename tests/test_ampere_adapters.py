@@ -5,7 +5,7 @@ SWA builder never allocates FlashMLA's tile scheduler, ``wo_a`` is captured
 the compressor store writes the same bytes as the reference (Triton
 interpreter).  Runs in a subprocess with the tree first on sys.path; skips
 with the reason when no tree or vLLM's Python dependencies are missing.
-Tree: $DEEPINFER_VLLM_TREE, else the applied build/vllm-0.33.0; interpreter:
+Tree: $DEEPINFER_VLLM_TREE, else the applied build/vllm-$DEEPINFER_TEST_VLLM (default 0.33.0); interpreter:
 $DEEPINFER_VLLM_PYTHON, else this one."""
 
 import json
@@ -21,7 +21,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _tree():
-    for cand in (os.environ.get("DEEPINFER_VLLM_TREE"), ROOT / "build" / "vllm-0.33.0"):
+    version = os.environ.get("DEEPINFER_TEST_VLLM", "0.33.0")
+    for cand in (os.environ.get("DEEPINFER_VLLM_TREE"), ROOT / "build" / f"vllm-{version}"):
         if cand and (pathlib.Path(cand) / "vllm" / "__init__.py").is_file():
             return pathlib.Path(cand)
     return None

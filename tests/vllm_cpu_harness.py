@@ -43,7 +43,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-VLLM_VERSION = "0.33.0"
+#: The patch set under test: the pin, or another set in patches/ (e.g. a rebase candidate) by
+#: ``DEEPINFER_TEST_VLLM=<version>``.
+VLLM_VERSION = os.environ.get("DEEPINFER_TEST_VLLM", "0.33.0")
 
 #: Importable names of the pure-Python dependencies the DeepSeek-V4 import chain
 #: reaches (pyproject.toml extra ``vllm-cpu-deps``), checked before probing.
@@ -735,8 +737,12 @@ def probe_short_context_topk_aot() -> dict[str, Any]:
 
     sig = {"output": "*i32", "positions": "*i64", "TOP_K": "constexpr",
            "COMPRESS_RATIO": "constexpr", "PADDED_TOP_K": "constexpr"}
+    def kernel(module):  # 0.34.0 dropped the underscore (and the Python wrapper of that name)
+        return getattr(module, "_fill_short_context_topk_indices", None) or \
+            module.fill_short_context_topk_indices
+
     return {f"{name}/{ratio}": _triton_aot(
-                module._fill_short_context_topk_indices, sig,
+                kernel(module), sig,
                 {"TOP_K": 512, "COMPRESS_RATIO": ratio, "PADDED_TOP_K": 512}, num_warps=8)
             for name, module, ratios in (("v4", v4, (4,)), ("v41", v41, (1, 2)))
             for ratio in ratios}
@@ -1254,7 +1260,8 @@ def probe_v41_fp8_launch() -> dict[str, Any]:
     me = types.SimpleNamespace(
         part_n_hash_cols=2, n_hash_cols=2, head_start=0, vocab_start_idx=0,
         vocab_end_idx=64, cpu_offload=False, _packed=None, _num_sms=108, peer_rows=0,
-        peer_ptrs=None, dim=256, block_size=32, _storage=lambda: (table, scales))
+        peer_ptrs=None, dim=256, block_size=32, _storage=lambda: (table, scales),
+        _uses_small_host_pages=False)  # (0.34.0+: sorts rows of small-page host tables)
     with _patched([(engram, "_engram_lookup_kernel", Launch())]):
         engram.ParallelEngramEmbedding.lookup(
             me, torch.zeros(3, 2, dtype=torch.int64), torch.empty(6, 256, dtype=torch.bfloat16))
