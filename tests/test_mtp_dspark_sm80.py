@@ -486,7 +486,11 @@ def _call_site_constexprs(fn: Any, short: str, sources: list[tuple[Any, ast.AST]
                     and getattr(node.func.value, "id", None) == short):
                 continue
             options: dict[str, list[Any]] = {}
-            given = {k.arg: k.value for k in node.keywords}
+            # positional arguments bind in order (0.34.0's greedy_argmax passes its
+            # constexprs so), keywords by name
+            given = {fn.arg_names[i]: a for i, a in enumerate(node.args)
+                     if i < len(fn.arg_names) and not isinstance(a, ast.Starred)}
+            given.update({k.arg: k.value for k in node.keywords})
             for name in names:
                 value = given.get(name)
                 glob = getattr(module, getattr(value, "id", ""), None)
@@ -511,6 +515,22 @@ def _call_site_constexprs(fn: Any, short: str, sources: list[tuple[Any, ast.AST]
     return combos, problems
 
 
+def _load_store_bases(fn: Any) -> set[str]:
+    """Parameters that are the base of a ``tl.load`` / ``tl.store`` address (the leftmost
+    term of its sum, ``P + offsets``): pointers, whatever their names."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(fn.src)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("load", "store")
+                and getattr(node.func.value, "id", None) == "tl" and node.args):
+            base = node.args[0]
+            while isinstance(base, ast.BinOp) and isinstance(base.op, ast.Add):
+                base = base.left
+            if isinstance(base, ast.Name) and base.id in fn.arg_names:
+                out.add(base.id)
+    return out
+
+
 def _compile_bare(fn: Any, short: str, capability: int,
                   sources: list[tuple[Any, ast.AST]]) -> dict[str, Any]:
     """AOT-compile a bare kernel for ``capability`` with the call sites' constexprs."""
@@ -519,6 +539,7 @@ def _compile_bare(fn: Any, short: str, capability: int,
     from triton.compiler import ASTSource
 
     combos, problems = _call_site_constexprs(fn, short, sources)
+    pointers = _load_store_bases(fn)
     entry: dict[str, Any] = {"keys": len(combos), "compiled": 0, "failed": problems}
     for consts in combos:
         sig = {}
@@ -527,6 +548,8 @@ def _compile_bare(fn: Any, short: str, capability: int,
                 sig[name] = "constexpr"
             elif name.endswith("_ptr"):
                 sig[name] = next((t for frag, t in BARE_POINTER_TYPES if frag in name), "*i32")
+            elif name in pointers:  # a load / store base without the _ptr suffix
+                sig[name] = "*fp32"
             else:
                 sig[name] = "i32"
         try:

@@ -523,13 +523,22 @@ def _vllm_config(hf: Any, max_model_len: int, cache_config: Any) -> Any:
         speculative_config=None, use_v2_model_runner=True)
 
 
+def _compressor_stubs(comp: Any, stub: Any) -> list[tuple[Any, str, Any]]:
+    """The compressor module's linear layers, norm and state cache as stand-ins (0.34.0 also
+    has its own ``MergedColumnParallelLinear`` subclass, whose real constructor needs a
+    tensor-parallel group)."""
+    names = ["MergedColumnParallelLinear", "RMSNorm", "CompressorStateCache"]
+    if hasattr(comp, "DeepseekV4CompressorKVScoreLinear"):
+        names.append("DeepseekV4CompressorKVScoreLinear")
+    return [(comp, name, stub) for name in names]
+
+
 def _construct_compressor(cfg: Any, head_dim: int, ratio: int) -> None:
     from vllm.models.deepseek_v4 import compressor as comp
 
     stub = _stub_cls()
-    with _patched([(comp, "MergedColumnParallelLinear", stub), (comp, "RMSNorm", stub),
-                   (comp, "CompressorStateCache", stub),
-                   (type(_current_platform()), "device_type", "cpu")]):
+    with _patched(_compressor_stubs(comp, stub)
+                  + [(type(_current_platform()), "device_type", "cpu")]):
         comp.DeepseekCompressor(cfg, ratio, cfg.model_config.hf_config.hidden_size,
                                 head_dim, rotate=True, prefix="c", k_cache_prefix="k")
 
@@ -618,8 +627,7 @@ def _construct_ampere_attention(cfg: Any, layer: int) -> None:
     with _patched([(attention, name, stub) for name in (
             "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
             "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "build_deepseek_v4_rope")]
-            + [(comp, name, stub) for name in (
-                "MergedColumnParallelLinear", "RMSNorm", "CompressorStateCache")] + [
+            + _compressor_stubs(comp, stub) + [
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
             (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
             (attention, "dsa_indexer_uses_fp4", lambda _cfg: False),
