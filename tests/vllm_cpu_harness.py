@@ -593,6 +593,7 @@ def _construct_attention(cfg: Any, backend: Any, layer: int) -> None:
 
     with _patched([(attention, name, stub) for name in (
             "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
             "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
             "build_deepseek_v4_rope")] + [
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
@@ -626,6 +627,7 @@ def _construct_ampere_attention(cfg: Any, layer: int) -> None:
 
     with _patched([(attention, name, stub) for name in (
             "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
             "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "build_deepseek_v4_rope")]
             + _compressor_stubs(comp, stub) + [
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
@@ -915,6 +917,7 @@ def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
     # CustomOp.__init__ (the scorer) reads the current config: vLLM's defaults
     with set_current_vllm_config(VllmConfig()), _patched([(attention, name, stub) for name in (
             "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
             "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
             "build_deepseek_v4_rope")] + [
             (attention, "DeepseekV4IndexerCache", IndexerCache),
