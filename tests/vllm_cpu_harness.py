@@ -387,7 +387,8 @@ def probe_v41_attn_cls() -> dict[str, Any]:
                 backend=None if name is None else getattr(E, name)),
             parallel_config=types.SimpleNamespace(prefill_context_parallel_size=pcp,
                                                   tensor_parallel_size=1),
-            model_config=types.SimpleNamespace(hf_config=hf))
+            model_config=types.SimpleNamespace(hf_config=hf),
+            lora_config=None)  # (0.34.0 reads it: no mega-attention with LoRA)
         try:
             out[key] = _describe(model._select_dsv4_attn_cls(cfg))
         except Exception as exc:  # the decision may be a refusal
