@@ -1154,6 +1154,12 @@ def probe_inv_rope_aot() -> dict[str, Any]:
                   "QUANT_GROUP_SIZE": 128, "CHUNKS_PER_HEAD": 4, "NOPE_DIM": 448,
                   "HALF_ROPE": 32, "QUANTIZE": quantize, "TMA_ALIGNED_SCALES": tma,
                   "launch_pdl": cc >= 90}
+        if "BLOCK_H" in FusedInvRopeFP8QuantKernel.kernel.arg_names:  # 0.34.0: heads/program
+            import importlib  # (the package re-exports a function of the module's name)
+            m = importlib.import_module(FusedInvRopeFP8QuantKernel.__module__)
+            sig = {**{k: v for k, v in sig.items() if k != "launch_pdl"},
+                   "BLOCK_H": "constexpr", "launch_pdl": "constexpr"}
+            consts["BLOCK_H"] = m._heads_per_program(consts["heads_per_group"])
         src = ASTSource(fn=FusedInvRopeFP8QuantKernel.kernel, signature=sig,
                         constexprs=consts)
         return triton.compile(src, target=GPUTarget("cuda", cc, 32))
