@@ -17,7 +17,7 @@ BUNDLE=$(pwd)/dist/deepinfer-gpu-bundle.tar.gz
 [ -f "$BUNDLE" ] || { echo "no $BUNDLE: run make gpu-bundle and carry dist"; exit 2; }
 WORK=/tmp/deepinfer-$_name; rm -rf "$WORK"; mkdir -p "$WORK"; tar xzf "$BUNDLE" -C "$WORK"
 cd "$WORK/deepinfer-gpu-bundle" || exit 2
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; cat BUNDLE.json; } 2>&1 | tee "$OUT/env.log"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; grep -vE '"(index|vllm_tree)":' BUNDLE.json; } 2>&1 | tee "$OUT/env.log"
 t0=$SECONDS
 PYTHON=python3 ./setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 echo "=== setup ok ($((SECONDS - t0)) s)"
