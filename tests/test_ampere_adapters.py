@@ -5,7 +5,7 @@ SWA builder never allocates FlashMLA's tile scheduler, ``wo_a`` is captured
 the compressor store writes the same bytes as the reference (Triton
 interpreter).  Runs in a subprocess with the tree first on sys.path; skips
 with the reason when no tree or vLLM's Python dependencies are missing.
-Tree: $DEEPINFER_VLLM_TREE, else the applied build/vllm-$DEEPINFER_TEST_VLLM (default 0.33.0); interpreter:
+Tree: $DEEPINFER_VLLM_TREE, else the applied build/vllm-<harness.VLLM_VERSION>; interpreter:
 $DEEPINFER_VLLM_PYTHON, else this one."""
 
 import json
@@ -17,11 +17,13 @@ import sys
 
 import pytest
 
+import vllm_cpu_harness as harness
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _tree():
-    version = os.environ.get("DEEPINFER_TEST_VLLM", "0.33.0")
+    version = harness.VLLM_VERSION
     for cand in (os.environ.get("DEEPINFER_VLLM_TREE"), ROOT / "build" / f"vllm-{version}"):
         if cand and (pathlib.Path(cand) / "vllm" / "__init__.py").is_file():
             return pathlib.Path(cand)

@@ -524,14 +524,19 @@ def _vllm_config(hf: Any, max_model_len: int, cache_config: Any) -> Any:
         speculative_config=None, use_v2_model_runner=True)
 
 
+#: The attention modules' tensor-parallel linear classes, replaced by stand-ins when a layer is
+#: built without a tensor-parallel group (0.34.0 adds ``wo_a``'s own class; a name a tree lacks
+#: is set for the duration and removed again by ``_patched``).
+_ATTENTION_LINEARS = ("MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
+                      "DeepseekV4GroupedWoA")
+
+
 def _compressor_stubs(comp: Any, stub: Any) -> list[tuple[Any, str, Any]]:
-    """The compressor module's linear layers, norm and state cache as stand-ins (0.34.0 also
-    has its own ``MergedColumnParallelLinear`` subclass, whose real constructor needs a
-    tensor-parallel group)."""
-    names = ["MergedColumnParallelLinear", "RMSNorm", "CompressorStateCache"]
-    if hasattr(comp, "DeepseekV4CompressorKVScoreLinear"):
-        names.append("DeepseekV4CompressorKVScoreLinear")
-    return [(comp, name, stub) for name in names]
+    """The compressor module's linear layers (0.34.0: also its own ``wkv``/``wgate`` class),
+    norm and state cache as stand-ins."""
+    return [(comp, name, stub) for name in (
+        "MergedColumnParallelLinear", "DeepseekV4CompressorKVScoreLinear", "RMSNorm",
+        "CompressorStateCache")]
 
 
 def _construct_compressor(cfg: Any, head_dim: int, ratio: int) -> None:
@@ -593,9 +598,7 @@ def _construct_attention(cfg: Any, backend: Any, layer: int) -> None:
             return stub
 
     with _patched([(attention, name, stub) for name in (
-            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
-            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
-            "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
+            *_ATTENTION_LINEARS, "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
             "build_deepseek_v4_rope")] + [
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
             (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
@@ -627,9 +630,8 @@ def _construct_ampere_attention(cfg: Any, layer: int) -> None:
             return Indexer
 
     with _patched([(attention, name, stub) for name in (
-            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
-            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
-            "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "build_deepseek_v4_rope")]
+            *_ATTENTION_LINEARS, "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache",
+            "build_deepseek_v4_rope")]
             + _compressor_stubs(comp, stub) + [
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
             (attention, "make_attention_sink", lambda n, dtype: torch.zeros(n)),
@@ -917,9 +919,8 @@ def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # CustomOp.__init__ (the scorer) reads the current config: vLLM's defaults
     with set_current_vllm_config(VllmConfig()), _patched([(attention, name, stub) for name in (
-            "MergedColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear",
-            "DeepseekV4GroupedWoA",  # 0.34.0: wo_a as its own linear class
-            "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache", "DeepseekCompressor",
+            *_ATTENTION_LINEARS, "ReplicatedLinear", "RMSNorm", "DeepseekV4SWACache",
+            "DeepseekCompressor",
             "build_deepseek_v4_rope")] + [
             (attention, "DeepseekV4IndexerCache", IndexerCache),
             (attention, "get_tensor_model_parallel_world_size", lambda: 1),
@@ -1154,14 +1155,13 @@ def probe_inv_rope_aot() -> dict[str, Any]:
                   "QUANT_GROUP_SIZE": 128, "CHUNKS_PER_HEAD": 4, "NOPE_DIM": 448,
                   "HALF_ROPE": 32, "QUANTIZE": quantize, "TMA_ALIGNED_SCALES": tma,
                   "launch_pdl": cc >= 90}
-        if "BLOCK_H" in FusedInvRopeFP8QuantKernel.kernel.arg_names:  # 0.34.0: heads/program
+        kernel = FusedInvRopeFP8QuantKernel.kernel
+        if "BLOCK_H" in kernel.arg_names:  # 0.34.0: heads per program, as its launcher picks
             import importlib  # (the package re-exports a function of the module's name)
             m = importlib.import_module(FusedInvRopeFP8QuantKernel.__module__)
-            sig = {**{k: v for k, v in sig.items() if k != "launch_pdl"},
-                   "BLOCK_H": "constexpr", "launch_pdl": "constexpr"}
             consts["BLOCK_H"] = m._heads_per_program(consts["heads_per_group"])
-        src = ASTSource(fn=FusedInvRopeFP8QuantKernel.kernel, signature=sig,
-                        constexprs=consts)
+        sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
+        src = ASTSource(fn=kernel, signature=sig, constexprs=consts)
         return triton.compile(src, target=GPUTarget("cuda", cc, 32))
 
     def code(ptx: str) -> str:
