@@ -12,6 +12,7 @@ from deepinfer import source
 from deepinfer.export import export
 from deepinfer.console import DeepinferError
 from deepinfer.gittree import BASE_REF, GitTree
+from deepinfer.patchset import PIN_MODULE_TREE_PATH, load_patchset, pin_module_text
 from tool_synth import (VERSION, SynthProject, edit_line, git, make_patch, sha256,
                         write_tarball)
 
@@ -47,6 +48,12 @@ def test_apply_builds_base_patches_overlay(synth):
     assert (synth.tree / "vllm/sm80_extra.py").read_text() == "EXTRA = True\n"
     assert (synth.tree / "deepinfer_sm80/__init__.py").is_file()
     assert (synth.tree / "csrc/deepinfer_sm80/common/x.cuh").read_text() == "// header\n"
+    # the pin module is generated from this set's pin.toml, inside the overlay commit
+    pin_module = synth.tree / PIN_MODULE_TREE_PATH
+    assert pin_module.read_text() == pin_module_text(load_patchset(VERSION, synth.root).pin)
+    assert f"PINNED_VLLM_VERSION = '{VERSION}'" in pin_module.read_text()
+    assert git(synth.tree, "log", "-1", "--format=%s", "--", PIN_MODULE_TREE_PATH).strip() \
+        == f"deepinfer-sm80 overlay for vLLM {VERSION}"
     assert os.readlink(synth.build / "vllm") == f"vllm-{VERSION}"
     # patch authorship preserved by git am
     assert git(synth.tree, "log", "-1", "--format=%an %ad", "--date=iso-strict",
@@ -451,6 +458,29 @@ def test_patch_touching_generated_file_is_rejected(synth):
     assert "2 of 5 patches do not apply" in text
     assert "vllm/_version.py" in text and "vllm.egg-info/PKG-INFO" in text
     assert "generated files" in text and "fix: edit" in text
+
+
+def test_overlay_file_at_the_generated_pin_module_is_refused(synth):
+    """The pin module comes from pin.toml; an overlay copy of it would be a second,
+    silently stale pin. Both the dry run and apply refuse it, and nothing is built."""
+    stray = synth.root / "overlay" / PIN_MODULE_TREE_PATH
+    stray.write_text("PINNED_VLLM_VERSION = '0.0.1'\n")
+    for run in (lambda: ap.check(VERSION, SDIST, root=synth.root), lambda: _apply(synth)):
+        with pytest.raises(DeepinferError) as ei:
+            run()
+        text = str(ei.value) + (ei.value.hint or "")
+        assert f"overlay/{PIN_MODULE_TREE_PATH}" in text and "generated" in text
+    assert not synth.tree.exists()
+
+
+def test_changed_pin_regenerates_the_pin_module(synth):
+    _apply(synth)
+    full = "abc1234de" + "0" * 31
+    synth.write_pin(sha256(synth.sdist), commit=full)
+    res = _apply(synth)
+    assert res.changed
+    assert f"PINNED_VLLM_COMMIT_FULL: str | None = '{full}'" in \
+        (synth.tree / PIN_MODULE_TREE_PATH).read_text()
 
 
 def test_base_commit_does_not_depend_on_cache_location(synth, monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ Tests that need the applied tree are marked ``network`` (sdist download, cached)
 from __future__ import annotations
 
 import ast
+import json
 import py_compile
 import re
 import shutil
@@ -35,13 +36,32 @@ ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = ROOT / "overlay" / "vllm" / "deepinfer_sm80_overlay.py"
 
 
-def _load_identity():
-    import importlib.util
+PATCH_SETS = sorted(d.name.removeprefix("vllm-") for d in (ROOT / "patches").glob("vllm-*")
+                    if (d / "pin.toml").is_file())
 
-    spec = importlib.util.spec_from_file_location("deepinfer_sm80_overlay", IDENTITY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def _identity_package(dest: Path, version: str) -> Path:
+    """A bare ``vllm`` package holding the overlay identity module and the pin module
+    apply generates for the patch set of ``version``."""
+    from deepinfer.patchset import PIN_MODULE_TREE_PATH, load_patchset, pin_module_text
+
+    pkg = dest / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / IDENTITY.name).write_bytes(IDENTITY.read_bytes())
+    (dest / PIN_MODULE_TREE_PATH).write_text(pin_module_text(load_patchset(version, ROOT).pin))
+    return pkg
+
+
+def _load_identity(dest: Path, version: str):
+    _identity_package(dest, version)
+    code = ("import json, sys; from vllm import deepinfer_sm80_overlay as o; "
+            "print(json.dumps({k: getattr(o, k) for k in o.__all__ if k.isupper()} "
+            "| {'describe': o.describe(), 'identity': o.identity(), "
+            "'modules': sorted(m for m in sys.modules if m.startswith('vllm'))}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=dest, capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +77,39 @@ def deps() -> None:
 # ------------------------------------------------------------------ identity (no tree)
 
 
-def test_identity_matches_pyproject_and_pin() -> None:
-    ident = _load_identity()
+def test_patch_sets_found() -> None:
+    assert "0.33.0" in PATCH_SETS, PATCH_SETS
+
+
+@pytest.mark.parametrize("version", PATCH_SETS)
+def test_identity_matches_pyproject_and_pin(tmp_path, version) -> None:
+    """For every patch set: the identity module, with the pin module apply generates for
+    that set, reports the set's pin and the overlay's distribution."""
+    ident = _load_identity(tmp_path, version)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert ident.OVERLAY_NAME == project["name"]
-    assert ident.OVERLAY_VERSION == project["version"]
-    pin = tomllib.loads(
-        (ROOT / "patches" / f"vllm-{ident.PINNED_VLLM_VERSION}" / "pin.toml").read_text())
-    assert pin["version"] == ident.PINNED_VLLM_VERSION
-    assert pin["commit_short"].removeprefix("g") == ident.PINNED_VLLM_COMMIT
-    assert (pin["commit"] or None) == ident.PINNED_VLLM_COMMIT_FULL
-    assert ident.describe() == (f"deepinfer-sm80 {project['version']} on vLLM "
-                                f"{pin['version']} ({ident.PINNED_VLLM_COMMIT})")
+    assert ident["OVERLAY_NAME"] == project["name"]
+    assert ident["OVERLAY_VERSION"] == project["version"]
+    pin = tomllib.loads((ROOT / "patches" / f"vllm-{version}" / "pin.toml").read_text())
+    assert ident["PINNED_VLLM_VERSION"] == pin["version"] == version
+    assert ident["PINNED_VLLM_COMMIT"] == pin["commit_short"].removeprefix("g")
+    assert ident["PINNED_VLLM_COMMIT_FULL"] == (pin["commit"] or None)
+    assert ident["identity"]["vllm_version"] == version
+    assert ident["describe"] == (f"deepinfer-sm80 {project['version']} on vLLM "
+                                 f"{version} ({ident['PINNED_VLLM_COMMIT']})")
+    assert ident["modules"] == ["vllm", "vllm.deepinfer_sm80_overlay",
+                                "vllm.deepinfer_sm80_pin"]
 
 
-def test_identity_module_imports_nothing_from_vllm_at_import_time() -> None:
+def test_identity_module_imports_only_the_pin_module_at_import_time() -> None:
+    from deepinfer.patchset import load_patchset, pin_module_text
+
     tree = ast.parse(IDENTITY.read_text())
     top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert all(getattr(n, "module", None) == "__future__" for n in top_level)
+    assert all(isinstance(n, ast.ImportFrom) for n in top_level)
+    assert sorted((n.level, n.module) for n in top_level) == [(0, "__future__"),
+                                                              (1, "deepinfer_sm80_pin")]
+    pin_tree = ast.parse(pin_module_text(load_patchset(PATCH_SETS[0], ROOT).pin))
+    assert not [n for n in ast.walk(pin_tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 # -------------------------------------------------------------------------- tree tests
@@ -259,12 +294,9 @@ def test_overlay_identity_in_the_applied_tree(trees, deps) -> None:
 
 def test_identity_check_refuses_another_vllm(tmp_path) -> None:
     """check_upstream() names both versions when the overlay sits in another vLLM."""
-    pkg = tmp_path / "vllm"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
+    pkg = _identity_package(tmp_path, "0.33.0")
     (pkg / "_version.py").write_text(
         "__version__ = '0.32.0'\n__commit_id__ = 'g0123456789'\n")
-    (pkg / "deepinfer_sm80_overlay.py").write_bytes(IDENTITY.read_bytes())
     code = ("from vllm import deepinfer_sm80_overlay as o\n"
             "try:\n    o.check_upstream()\nexcept RuntimeError as e:\n    print('refused', e)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,

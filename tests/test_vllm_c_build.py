@@ -21,35 +21,50 @@ def _tree(source: str) -> Path:
     return tree
 
 
+def _src(source: str) -> vllm_c_ops.UpstreamSource:
+    """The source's layout in the tree under test (DEEPINFER_VLLM_TREE or the pin's)."""
+    return vllm_c_ops.layout(source, _tree(source))
+
+
 def _text(source: str) -> str:
-    return (_tree(source) / vllm_c_ops.SOURCES[source].path).read_text()
+    return (_tree(source) / _src(source).path).read_text()
 
 
 def _wrappers(source: str) -> str:
-    """The upstream file from its first torch-op wrapper on, whitespace collapsed."""
+    """The upstream torch-op wrappers, whitespace collapsed: the file from its first wrapper
+    on, or the layout's separate wrapper file."""
+    src = _src(source)
+    if src.wrappers:
+        return re.sub(r"\s+", " ", (_tree(source) / src.wrappers).read_text())
     text = _text(source)
-    return re.sub(r"\s+", " ", text[vllm_c_ops.SOURCES[source].cut.search(text).start():])
+    return re.sub(r"\s+", " ", text[src.cut.search(text).start():])
 
 
 def test_bundle_carries_what_the_harnesses_compile():
-    want = {f for s in vllm_c_ops.SOURCES.values() for f in (s.path, *s.headers)}
+    want = {f for name in vllm_c_ops.SOURCES for s in vllm_c_ops.layouts(name)
+            for f in (s.path, *s.headers, *s.units, *([s.wrappers] if s.wrappers else []))}
     assert set(bundle.VLLM_CSRC) == want
 
 
 @pytest.mark.parametrize("source", sorted(vllm_c_ops.SOURCES))
 def test_kernel_half_is_cut_before_the_wrappers(source):
-    text = _text(source)
-    half = vllm_c_ops.kernel_half(text, source)
+    text, src = _text(source), _src(source)
+    half = vllm_c_ops.upstream_text(_tree(source), source, src)
     assert "torch::stable::Tensor" not in half
     assert "torch/csrc/stable" not in half
-    if vllm_c_ops.SOURCES[source].extract:  # one kernel: its signature to its last brace
+    if src.extract:  # one kernel: its signature to its last brace
         assert half.startswith("template") and half.rstrip().endswith("}")
         assert half.count("{") == half.count("}") and "__global__" in half
     else:
         assert len(half) > len(text) // 2
-    first = vllm_c_ops.SOURCES[source].cut.search(text).group(0)
+    if src.cut is None:  # a header without wrappers, and the units that instantiate it
+        for unit in src.units:
+            assert unit in half
+        assert f'#include "{Path(src.path).name}"' not in half
+        return
+    first = src.cut.search(text).group(0)
     with pytest.raises(vllm_c_ops.VllmCError, match="cut"):
-        vllm_c_ops.kernel_half(text.replace(first, "void x("), source)
+        vllm_c_ops.kernel_half(text.replace(first, "void x("), source, src)
 
 
 def test_insert_harness_glue_matches_upstream_wrappers():
@@ -74,7 +89,8 @@ def test_hash_topk_harness_glue_matches_upstream_wrapper():
     assert ("bias_ptr, true, input_ids.value().const_data_ptr<int>(), "
             "tid2eid.value().const_data_ptr<int>(), stream, is_padding_ptr, bias_vl_ptr, "
             "image_sentinel_lo);") in flat
-    half = re.sub(r"\s+", " ", vllm_c_ops.kernel_half(_text("dsv4_hash_topk"), "dsv4_hash_topk"))
+    half = re.sub(r"\s+", " ", vllm_c_ops.upstream_text(_tree("dsv4_hash_topk"), "dsv4_hash_topk",
+                                                       _src("dsv4_hash_topk")))
     assert ("if (use_hash && topk == 6 && renormalize && (num_experts == 256 || num_experts == "
             "384)) { launchDsv4HashTopk<IndType, HashIndType>(") in half
 

@@ -9,7 +9,9 @@ their SM90 builds:
   ``forward_kv`` and DSpark call ``fused_deepseek_v4_kv_rope_insert``. Built for sm_80 its FP8
   conversion is cuda_fp8.h's software path instead of the SM89+ instruction.
 - ``dsv4_hash_topk``: ``csrc/moe/topk_softplus_sqrt_kernels.cu``, the router of V4's hash MoE
-  layers (``torch.ops._moe_C.topk_hash_softplus_sqrt`` with a token -> experts table).
+  layers (``torch.ops._moe_C.topk_hash_softplus_sqrt`` with a token -> experts table). vLLM
+  0.34.0 split it into ``topk_softplus_sqrt_kernels.cuh`` and instantiation units
+  (``LATER_LAYOUTS``); the layout the tree has is used.
 - ``indexer_k_gather``: ``cp_gather_indexer_k_quant_cache_kernel`` of ``csrc/cache_kernels.cu``,
   which the SM80 indexer's prefill (V4 and V4.1) calls to gather K rows and scales.
 
@@ -51,11 +53,16 @@ _HERE = Path(__file__).resolve().parent / "vllm_c"
 class UpstreamSource:
     path: str                  # the upstream file, relative to the tree
     headers: tuple[str, ...]   # local headers it or the harness includes, copied along
-    cut: re.Pattern            # kept: the text before this (the first torch-op wrapper) or,
-                               # with extract, the one definition that starts here
+    cut: re.Pattern | None     # kept: the text before this (the first torch-op wrapper) or,
+                               # with extract, the one definition that starts here; None:
+                               # the whole file (a kernel header without wrappers)
     harness: str               # tests/vllm_c/<harness>: the C entry points
     lib: str                   # library file name
     extract: bool = False      # True: only the definition at `cut`, to its closing brace
+    units: tuple[str, ...] = ()  # upstream units appended to the kernel half, their include
+                                 # of `path` dropped (explicit instantiations kept elsewhere)
+    wrappers: str = ""         # the file holding the torch-op wrappers the harness restates
+                               # (default `path`); read by tests/test_vllm_c_build.py
 
 
 SOURCES = {
@@ -77,6 +84,35 @@ SOURCES = {
                    r"cp_gather_indexer_k_quant_cache_kernel\(", re.M),
         "indexer_k_gather_harness.cu", "libindexer_k_gather.so", extract=True),
 }
+# Later upstream layouts of a source, newest first; the layout used is the first whose file
+# the tree has (layout()), else SOURCES'. vLLM 0.34.0 split the MoE router file into a
+# kernel header (launchers declared `extern template`), one dispatch unit and one unit per
+# (gating dtype, index dtype) that instantiates the launcher: the harness takes the header
+# and the fp32-gating units (the hash layers' router logits are fp32).
+LATER_LAYOUTS = {
+    "dsv4_hash_topk": (UpstreamSource(
+        "csrc/moe/topk_softplus_sqrt_kernels.cuh",
+        ("csrc/cub_helpers.h", "csrc/core/cuda_compat.h"), None,
+        "hash_topk_harness.cu", "libdsv4_hash_topk.so",
+        units=("csrc/moe/topk_softplus_sqrt_f32_int32.cu",
+               "csrc/moe/topk_softplus_sqrt_f32_int64.cu"),
+        wrappers="csrc/moe/topk_softplus_sqrt.cu"),),
+}
+
+
+def layouts(source: str) -> tuple[UpstreamSource, ...]:
+    """Every known layout of a source, newest first."""
+    return (*LATER_LAYOUTS.get(source, ()), SOURCES[source])
+
+
+def layout(source: str, tree: Path | None) -> UpstreamSource:
+    """The layout of ``source`` in ``tree`` (SOURCES' when the tree has none of them)."""
+    for src in layouts(source):
+        if tree is not None and (Path(tree) / src.path).is_file():
+            return src
+    return SOURCES[source]
+
+
 # Stable-ABI headers the wrappers need and the kernel halves do not.
 _STABLE_INCLUDE = re.compile(r'^\s*#include\s*[<"]torch/csrc/stable/[^>"]+[>"]\s*$', re.M)
 
@@ -111,15 +147,20 @@ def find_tree(source: str = "dsv4_insert") -> Path | None:
     cands = [os.environ.get("DEEPINFER_VLLM_TREE"), _REPO / "build" / "vllm-0.33.0",
              _REPO / "vllm-tree"]
     for c in cands:
-        if c and (Path(c) / SOURCES[source].path).is_file():
+        if c and any((Path(c) / src.path).is_file() for src in layouts(source)):
             return Path(c).resolve()
     return None
 
 
-def kernel_half(text: str, source: str = "dsv4_insert") -> str:
+def kernel_half(text: str, source: str = "dsv4_insert", src: UpstreamSource | None = None
+                ) -> str:
     """The upstream file cut before its first torch-op wrapper, stable includes dropped; or,
-    for an ``extract`` source, the one definition that starts at ``cut``."""
-    src = SOURCES[source]
+    for an ``extract`` source, the one definition that starts at ``cut``; or, without a
+    ``cut``, the whole file with its stable includes dropped. ``src``: the layout (default
+    SOURCES')."""
+    src = src or SOURCES[source]
+    if src.cut is None:
+        return _STABLE_INCLUDE.sub("", text)
     m = src.cut.search(text)
     if m is None:
         raise VllmCError(
@@ -129,6 +170,21 @@ def kernel_half(text: str, source: str = "dsv4_insert") -> str:
     if src.extract:
         return text[m.start():_definition_end(text, m.end(), src.path)] + "\n"
     return _STABLE_INCLUDE.sub("", text[:m.start()])
+
+
+def upstream_text(tree: Path, source: str, src: UpstreamSource) -> str:
+    """What the harness includes: the kernel half, then each of ``src.units`` without its
+    include of the kernel file (which the half already holds)."""
+    text = kernel_half((tree / src.path).read_text(), source, src)
+    own = re.compile(rf'^\s*#include\s*"{re.escape(Path(src.path).name)}"\s*$', re.M)
+    for unit in src.units:
+        path = tree / unit
+        if not path.is_file():
+            raise VllmCError(f"{unit}: missing from {tree}; upstream moved the launcher's "
+                             f"instantiations. Update LATER_LAYOUTS[{source!r}].units in "
+                             "tests/vllm_c_ops.py.")
+        text += f"\n// ---- {unit}\n" + own.sub("", path.read_text())
+    return text
 
 
 def _definition_end(text: str, pos: int, path: str) -> int:
@@ -179,17 +235,17 @@ def _nvcc() -> str:
 def build(variant: str, source: str = "dsv4_insert", tree: Path | None = None,
           out_root: Path | None = None) -> Path:
     """Build (or reuse) the source's library for the variant; returns its path."""
-    v, src = VARIANTS[variant], SOURCES[source]
+    v = VARIANTS[variant]
     tree = tree or find_tree(source)
     if tree is None:
-        raise VllmCError(f"no vLLM tree with {src.path} (set DEEPINFER_VLLM_TREE)")
+        raise VllmCError(f"no vLLM tree with {SOURCES[source].path} (set DEEPINFER_VLLM_TREE)")
+    src = layout(source, tree)
     nvcc = _nvcc()
     inc = _torch_include()
     # Laid out as under csrc/, so that the file's relative includes resolve; the kernel half
     # and the harness sit where the upstream file was.
     here = Path(src.path).relative_to("csrc").parent
-    files = {str(here / "upstream_kernels.inc"): kernel_half((tree / src.path).read_text(),
-                                                             source)}
+    files = {str(here / "upstream_kernels.inc"): upstream_text(tree, source, src)}
     for h in src.headers:
         files[str(Path(h).relative_to("csrc"))] = (tree / h).read_text()
     files[str(here / src.harness)] = (_HERE / src.harness).read_text()

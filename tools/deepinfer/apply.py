@@ -5,7 +5,8 @@ An applied tree ``build/vllm-<version>/`` is a git repository with
 1. a base commit holding the pristine upstream tree (ref ``refs/deepinfer/base``);
 2. one commit per patch of the series (``git am --3way``, subject = the patch's subject);
 3. one overlay commit: ``overlay/**`` onto the tree root, ``csrc/**`` to
-   ``csrc/deepinfer_sm80/`` (message trailer ``Deepinfer-Overlay:``).
+   ``csrc/deepinfer_sm80/``, and the files generated from the set's pin
+   (``vllm/deepinfer_sm80_pin.py``) (message trailer ``Deepinfer-Overlay:``).
 
 Before anything is built the whole series is checked in a scratch index and every failing
 patch is reported (patch, hunk, file, what the patch expects and what upstream has there).
@@ -36,7 +37,8 @@ from . import gittree as g
 from . import source
 from .console import DeepinferError, console, info, warn
 from .gittree import BASE_REF, OVERLAY_TRAILER, GitTree
-from .patchset import (CSRC_TREE_PREFIX, OverlayFile, PatchSet, inputs_fingerprint,
+from .patchset import (CSRC_TREE_PREFIX, GeneratedFile, OverlayFile, PatchSet,
+                       check_generated_paths, generated_files, inputs_fingerprint,
                        load_patchset, overlay_files, project_root, read_manifest)
 
 STATE_FILE = "deepinfer-state.json"
@@ -229,10 +231,13 @@ def check_series_in_index(tree: GitTree, index: Path, ps: PatchSet) -> list[Patc
     return results
 
 
-def add_overlay_to_index(tree: GitTree, index: Path, overlay: list[OverlayFile]) -> None:
+def add_overlay_to_index(tree: GitTree, index: Path, overlay: list[OverlayFile],
+                         generated: list[GeneratedFile]) -> None:
     blobs = g.hash_objects(tree, [f.source for f in overlay])
-    g.index_add_blobs(tree, index, [("100755" if f.executable else "100644", b, f.tree_path)
-                                    for f, b in zip(overlay, blobs)])
+    entries = [("100755" if f.executable else "100644", b, f.tree_path)
+               for f, b in zip(overlay, blobs)]
+    entries += [("100644", g.hash_data(tree, f.data), f.tree_path) for f in generated]
+    g.index_add_blobs(tree, index, entries)
 
 
 def expected_tree(tree: GitTree, base: str, ps: PatchSet,
@@ -242,7 +247,7 @@ def expected_tree(tree: GitTree, base: str, ps: PatchSet,
         checks = check_series_in_index(tree, idx, ps)
         if any(c.status == "failed" for c in checks):
             return None, checks
-        add_overlay_to_index(tree, idx, overlay)
+        add_overlay_to_index(tree, idx, overlay, generated_files(ps))
         return g.write_tree(tree, idx), checks
 
 
@@ -500,13 +505,17 @@ def _set_symlink(build: Path, version: str) -> None:
     os.replace(tmp, link)
 
 
-def _copy_overlay(overlay: list[OverlayFile], dest: Path) -> None:
-    for f in overlay:
+def _copy_overlay(overlay: list[OverlayFile], generated: list[GeneratedFile],
+                  dest: Path) -> None:
+    for f in [*overlay, *generated]:
         out = dest / f.tree_path
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.is_symlink() or out.is_dir():
             source.remove_tree(out)
-        shutil.copy2(f.source, out)
+        if isinstance(f, GeneratedFile):
+            out.write_bytes(f.data)
+        else:
+            shutil.copy2(f.source, out)
 
 
 def _overlay_message(ps: PatchSet, overlay: list[OverlayFile], fingerprint: str) -> str:
@@ -664,6 +673,7 @@ def _build(ps: PatchSet, overlay: list[OverlayFile], spec: source.SourceSpec,
         tree, base, src = _materialize_base(ps, spec, staging)
         _checkpoint("base")
         base_blobs = tree.ls_tree(base)
+        check_generated_paths(overlay, generated_files(ps))
         warnings = check_manifest(ps, overlay, base_blobs, _rel(target))
         warnings += overlay_conflicts(ps, overlay)
         want_tree, checks = expected_tree(tree, base, ps, overlay)
@@ -679,8 +689,9 @@ def _build(ps: PatchSet, overlay: list[OverlayFile], spec: source.SourceSpec,
                                      hint="report this; nothing was changed")
             patches.append({"name": path.name, "commit": sha, "check": chk.status})
             _checkpoint("patch")
-        _copy_overlay(overlay, staging)
-        tree.add_paths([f.tree_path for f in overlay])
+        generated = generated_files(ps)
+        _copy_overlay(overlay, generated, staging)
+        tree.add_paths([f.tree_path for f in [*overlay, *generated]])
         head = tree.commit_index(_overlay_message(ps, overlay, fingerprint))
         got_tree = g.tree_of(tree, head)
         if got_tree != want_tree:
@@ -758,6 +769,7 @@ def check(version: str, spec: source.SourceSpec, root: Path | None = None,
     build = build or build_root(root)
     ps = load_patchset(version, root)
     overlay = overlay_files(root)
+    check_generated_paths(overlay, generated_files(ps))
     with contextlib.ExitStack() as stack:
         t = _base_for(version, spec, ps, build, stack)
         base = t.rev_parse(BASE_REF)

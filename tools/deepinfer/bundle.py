@@ -51,11 +51,16 @@ WHEELS = {"pyzmq": "zmq"}
 
 # CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
 # vLLM's SWA writer, the hash-layer MoE router, the indexer K gather and the headers they
-# include; tests/test_vllm_c_build.py keeps the two lists in step).
+# include; tests/test_vllm_c_build.py keeps the two lists in step). Every layout of every
+# release the patch sets pin: a file the tree lacks is left out.
 VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type_convert.cuh",
              "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h",
              "csrc/moe/topk_softplus_sqrt_kernels.cu", "csrc/cub_helpers.h",
-             "csrc/cache_kernels.cu", "csrc/core/utils.hpp")
+             "csrc/cache_kernels.cu", "csrc/core/utils.hpp",
+             # vLLM 0.34.0 split the router: kernel header, dispatch unit, fp32 instantiations
+             "csrc/moe/topk_softplus_sqrt_kernels.cuh", "csrc/moe/topk_softplus_sqrt.cu",
+             "csrc/moe/topk_softplus_sqrt_f32_int32.cu",
+             "csrc/moe/topk_softplus_sqrt_f32_int64.cu")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",

@@ -299,6 +299,11 @@ def _supports_initial_branch() -> bool:
 # ---------------------------------------------------------------- bulk index helpers
 
 
+def hash_data(tree: GitTree, data: bytes) -> str:
+    """Write one blob from bytes (``git hash-object -w --stdin``)."""
+    return tree.run("hash-object", "-w", "--no-filters", "--stdin", stdin=data)
+
+
 def hash_objects(tree: GitTree, paths: list[Path]) -> list[str]:
     """Write blobs for many files at once (``git hash-object -w --stdin-paths``)."""
     if not paths:
