@@ -7,27 +7,18 @@
 set -uo pipefail
 REPO=$(pwd)
 source "$(dirname "$0")/bundle_env.sh" indexer_rows_ncu
+source "$REPO/scripts/device/ncu_lib.sh"
 cp "$REPO"/bench/*.py bench/  # the working tree's bench scripts over the bundle's
 SHAPES=${NCU_SHAPES:-256:16384:64 256:16384:32}
 $PY bench/ab_indexer_rows.py --label ncu --quick 2>&1 | tee "$OUT/timing.txt" | grep -E "^ab |Error"
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ]; then
-  for s in $SHAPES; do
-    IFS=: read -r r n h <<<"$s"
-    timeout 240 "$NCU" --kernel-name regex:indexer_rows_kernel --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
-      --section InstructionStats --section SourceCounters \
-      $PY bench/profile_indexer_rows.py --rows "$r" --nk "$n" --heads "$h" > "$OUT/ncu-$r-$n-$h.txt" 2>&1
-    grep -vE "^==PROF==|^\s*$" "$OUT/ncu-$r-$n-$h.txt" | grep -vE "^\s+-{5,}" | head -150
-  done
-else
-  echo "no ncu on this machine"
-fi
-SO=$(find overlay -name '_C*.so' | head -1)
-CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+for s in $SHAPES; do
+  IFS=: read -r r n h <<<"$s"
+  ncu_profile indexer_rows_kernel "ncu-$r-$n-$h.txt" 150 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+    --section InstructionStats --section SourceCounters \
+    -- $PY bench/profile_indexer_rows.py --rows "$r" --nk "$n" --heads "$h"
+done
 # 64 heads, 8 rows, flat (template <8, 8, false>)
-[ -n "$CUOBJ" ] && [ -n "$SO" ] && "$CUOBJ" -sass "$SO" 2>/dev/null | \
-  awk '/Function : /{p = /indexer_rows_kernelILi8ELi8ELb0E/} p' > "$OUT/rows_sass.txt"
-wc -l "$OUT/rows_sass.txt"
+dump_sass indexer_rows_kernelILi8ELi8ELb0E rows_sass.txt
 exit 0

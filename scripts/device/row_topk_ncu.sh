@@ -7,26 +7,17 @@
 set -uo pipefail
 REPO=$(pwd)
 source "$(dirname "$0")/bundle_env.sh" row_topk_ncu
+source "$REPO/scripts/device/ncu_lib.sh"
 cp "$REPO"/bench/*.py bench/  # the working tree's bench scripts over the bundle's
 SHAPES=${RT_SHAPES:-1:8192:512 64:8192:512}
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ]; then
-  for s in $SHAPES; do
-    IFS=: read -r r n k <<<"$s"
-    timeout 240 "$NCU" --clock-control none --kernel-name regex:row_topk_kernel --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-      --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
-      --section SourceCounters --print-details all \
-      $PY bench/profile_row_topk.py --rows "$r" --n "$n" --k "$k" > "$OUT/ncu-$r-$n-$k.txt" 2>&1
-    grep -vE "^==PROF==|^\s*$" "$OUT/ncu-$r-$n-$k.txt" | grep -vE "^\s+-{5,}" | head -220
-  done
-else
-  echo "no ncu on this machine"
-fi
-SO=$(find overlay -name '_C*.so' | head -1)
-CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
-[ -n "$CUOBJ" ] && [ -n "$SO" ] && "$CUOBJ" -sass "$SO" 2>/dev/null | \
-  awk '/Function : /{p = /row_topk_kernel/} p' > "$OUT/row_topk_sass.txt"
-wc -l "$OUT/row_topk_sass.txt"
+for s in $SHAPES; do
+  IFS=: read -r r n k <<<"$s"
+  ncu_profile row_topk_kernel "ncu-$r-$n-$k.txt" 220 --clock-control none \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    --section SourceCounters --print-details all \
+    -- $PY bench/profile_row_topk.py --rows "$r" --n "$n" --k "$k"
+done
+dump_sass row_topk_kernel row_topk_sass.txt
 cp "$OUT/row_topk_sass.txt" "$RES/" 2>/dev/null
 exit 0

@@ -201,6 +201,26 @@ def _git_head() -> str | None:
         return None
 
 
+def _tree_version(tree: Path) -> str:
+    """``<version> (<commit id>)`` from the tree's ``vllm/_version.py``, as it says; and the
+    patch set applied to it, from the generated pin module, when there is one."""
+    import re
+
+    def field(path: Path, name: str) -> str:
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        # `name = 'x'`, `name: str = 'x'` or `name = alias = 'x'`, on one line
+        m = re.search(rf"^{name}\b[^=\n]*=[ \t]*(?:\w+[ \t]*=[ \t]*)?['\"]([^'\"]*)['\"]",
+                      text, re.M)
+        return m.group(1) if m else "?"
+
+    version_py = tree / "vllm" / "_version.py"
+    out = f"{field(version_py, '__version__')} ({field(version_py, '__commit_id__')})"
+    pin_py = tree / "vllm" / "deepinfer_sm80_pin.py"
+    if pin_py.is_file():
+        out += f", patch set vllm-{field(pin_py, 'PINNED_VLLM_VERSION')}"
+    return out
+
+
 def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None = None,
                  python_version: str = "3.12",
                  platforms: list[str] | None = None) -> dict:
@@ -232,6 +252,7 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
             "repo_commit": _git_head(),
             "vllm_tree": str(tree),
             "vllm_tree_applied": (tree / ".git").exists(),
+            "vllm_version": _tree_version(tree),
             "target_python": python_version, "platforms": platforms, "index": index,
             "wheels": {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels},
         }
