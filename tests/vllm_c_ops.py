@@ -142,9 +142,11 @@ class VllmCError(RuntimeError):
 
 
 def find_tree(source: str = "dsv4_insert") -> Path | None:
-    """A vLLM tree holding the source's file: $DEEPINFER_VLLM_TREE, build/vllm-0.33.0, or the
-    GPU bundle's vllm-tree/."""
-    cands = [os.environ.get("DEEPINFER_VLLM_TREE"), _REPO / "build" / "vllm-0.33.0",
+    """A vLLM tree holding the source's file: $DEEPINFER_VLLM_TREE, the applied tree of the
+    patch set under test (build/vllm-$DEEPINFER_TEST_VLLM, default 0.33.0, as in
+    tests/vllm_cpu_harness.py), or the GPU bundle's vllm-tree/."""
+    version = os.environ.get("DEEPINFER_TEST_VLLM", "0.33.0")
+    cands = [os.environ.get("DEEPINFER_VLLM_TREE"), _REPO / "build" / f"vllm-{version}",
              _REPO / "vllm-tree"]
     for c in cands:
         if c and any((Path(c) / src.path).is_file() for src in layouts(source)):
