@@ -38,6 +38,7 @@ venv-torch: $(STAMP_TORCH)
 
 help:
 	@echo "make apply [VLLM=$(VLLM)] [SOURCE=sdist|git|path:DIR] [FORCE=1]  patched vLLM tree in build/vllm-<ver>"
+	@echo "    patch sets (VLLM=): $(patsubst patches/vllm-%,%,$(wildcard patches/vllm-*)); default $(VLLM) (the pin)"
 	@echo "make check | status | clean                          dry run / tree state / remove build/"
 	@echo "make test                                            regression suite (GPU tests skip on CPU)"
 	@echo "make drift AGAINST=<ver> | rebase TO=<ver> | export  maintainer targets"
