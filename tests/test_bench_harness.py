@@ -181,6 +181,23 @@ def test_gpu_bundle_contents(tmp_path, monkeypatch):
         assert mods.strip() == "pyzmq-27.0.0-cp312-abi3-manylinux_2_28_x86_64.whl zmq"
         meta = json.loads(tar.extractfile(f"{top}/BUNDLE.json").read())
         assert meta["vllm_py_files"] == 7 and len(meta["wheels"]) == 1
+        assert meta["vllm_version"] == "9.8.7 (?)"  # no commit id, no applied patch set
+
+
+def test_gpu_bundle_names_the_tree_version_and_patch_set(tmp_path, monkeypatch):
+    """BUNDLE.json says which vLLM and which patch set the bundle's tree holds (GPU logs
+    print it), read from the tree's files as apply wrote them."""
+    pytest.importorskip("rich")
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from deepinfer import bundle
+    from deepinfer.patchset import PIN_MODULE_TREE_PATH, load_patchset, pin_module_text
+
+    tree = _fake_tree(tmp_path / "tree")
+    (tree / "vllm/_version.py").write_text(
+        "__version__: str\n__commit_id__: str | None\n__version__ = version = '0.34.0'\n"
+        "__commit_id__ = commit_id = 'g62d4bc3c7'\n")
+    (tree / PIN_MODULE_TREE_PATH).write_text(pin_module_text(load_patchset("0.33.0", ROOT).pin))
+    assert bundle._tree_version(tree) == "0.34.0 (g62d4bc3c7), patch set vllm-0.33.0"
 
 
 def test_gpu_bundle_refuses_non_tree_and_unknown_wheels(tmp_path, monkeypatch):
