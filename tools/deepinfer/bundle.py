@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from .console import DeepinferError, console
+from .patchset import PIN_MODULE_TREE_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 TOP = "deepinfer-gpu-bundle"
@@ -204,8 +206,6 @@ def _git_head() -> str | None:
 def _tree_version(tree: Path) -> str:
     """``<version> (<commit id>)`` from the tree's ``vllm/_version.py``, as it says; and the
     patch set applied to it, from the generated pin module, when there is one."""
-    import re
-
     def field(path: Path, name: str) -> str:
         text = path.read_text(encoding="utf-8") if path.is_file() else ""
         # `name = 'x'`, `name: str = 'x'` or `name = alias = 'x'`, on one line
@@ -215,7 +215,7 @@ def _tree_version(tree: Path) -> str:
 
     version_py = tree / "vllm" / "_version.py"
     out = f"{field(version_py, '__version__')} ({field(version_py, '__commit_id__')})"
-    pin_py = tree / "vllm" / "deepinfer_sm80_pin.py"
+    pin_py = tree / PIN_MODULE_TREE_PATH
     if pin_py.is_file():
         out += f", patch set vllm-{field(pin_py, 'PINNED_VLLM_VERSION')}"
     return out
