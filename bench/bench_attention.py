@@ -63,9 +63,11 @@ def load_ours():
 def load_xpu_triton():
     """Upstream's portable Triton sparse-MLA prefill, imported with a minimal
     ``vllm.triton_utils`` (it needs only triton, tl, LOG2E, LOGE2 from it)."""
+    import upstream_import
+
     cands = [os.environ.get("DEEPINFER_XPU_MLA"),
-             str(REPO / "build" / "vllm-0.33.0" / "vllm/v1/attention/ops/xpu_mla_sparse.py"),
-             str(REPO / "vllm-tree" / "vllm/v1/attention/ops/xpu_mla_sparse.py")]
+             *(str(t / "vllm/v1/attention/ops/xpu_mla_sparse.py")
+               for t in upstream_import.candidate_trees())]
     path = next((c for c in cands if c and Path(c).is_file()), None)
     if path is None:
         return None, "xpu_mla_sparse.py not found (set DEEPINFER_XPU_MLA)"

@@ -2,7 +2,8 @@
 
 Implementations timed in the same process, on the same inputs:
 - ``ours``: ``deepinfer_sm80.ops.cache`` (CUDA extension), when built;
-- ``upstream``: vLLM 0.33.0's Triton kernels imported from the applied tree
+- ``upstream``: vLLM's Triton kernels imported from the applied tree (0.33.0, the pin, unless
+  ``VLLM`` or ``DEEPINFER_VLLM_TREE`` names another; the report gives the tree's version)
   (``bench/upstream_import.py``; they use ``tl.float8e4nv``, so they need SM89+: an H200
   runs them; below SM89 the gather's upstream rows are left out and the report says why,
   while upstream's combine, which has no FP8, still runs);
@@ -185,6 +186,7 @@ class Impls:
         self.combine: dict[str, Callable] = {}
         self.missing: dict[str, str] = {}
         self.upstream_mod = None
+        self.upstream_version: str | None = None  # of the tree upstream's kernels came from
         if not baselines:
             self.missing["baselines"] = "not run (--ours-only)"
         try:
@@ -192,6 +194,7 @@ class Impls:
                 raise _Skipped()
             mod = upstream_import.import_upstream(upstream_import.CACHE_UTILS, tree)
             self.upstream_mod = mod
+            self.upstream_version = upstream_import.tree_version(upstream_import.find_tree(tree))
             from vllm.utils.import_utils import has_cutedsl  # type: ignore[import-not-found]
 
             if has_cutedsl():
@@ -527,8 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     report.meta["implementations_missing"] = impls.missing
     for k, v in impls.missing.items():
         report.notes.append(f"not run: {k}: {v}")
+    report.meta["upstream_vllm_version"] = impls.upstream_version
     report.notes.append(
-        "upstream = vLLM 0.33.0 Triton kernels imported from the applied tree; portable = "
+        f"upstream = vLLM {impls.upstream_version or '(none imported)'} Triton kernels "
+        "imported from the applied tree; portable = "
         "deepinfer_sm80.triton_portable (software e4m3); combine's portable baseline is "
         "upstream's kernel (no FP8, compiles for SM80)")
     report.notes.append(

@@ -35,7 +35,9 @@ import tempfile
 import types
 from pathlib import Path
 
-DEFAULT_VERSION = "0.33.0"
+# The patch set whose applied tree is looked for: $VLLM (the Makefile exports it, so
+# `make bench VLLM=0.34.0` finds build/vllm-0.34.0), else the pin.
+DEFAULT_VERSION = os.environ.get("VLLM") or "0.33.0"
 CACHE_UTILS = "vllm.models.deepseek_v4.common.ops.cache_utils"
 
 _REPO = Path(__file__).resolve().parents[1]
