@@ -47,9 +47,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-for p in (str(HERE), str(REPO / "overlay")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import common  # noqa: E402
 import upstream_import  # noqa: E402

@@ -21,15 +21,11 @@ FLOPs: 2 x 128 x heads per visible (row, column).
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
 import torch
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-for _p in (_ROOT / "overlay", _ROOT / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import common  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402

@@ -12,12 +12,11 @@ same run.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "overlay"))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
 H, D, BS, TOPK, CAND_BLOCKS, CAND_BS = 32, 128, 64, 512, 2048, 8

@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import bench_attention as ba  # noqa: E402
 import common  # noqa: E402

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import sys
 
 import torch
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-for _p in (_ROOT / "overlay", _ROOT / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import common  # noqa: E402
 from bench_indexer_prefill import scorer_call, scorer_set  # noqa: E402

@@ -18,14 +18,10 @@ Usage: python bench/gather_overhead.py [N ...]   (default 49152 196608)
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-for p in (str(HERE), str(HERE.parent / "overlay")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import bench_cache  # noqa: E402
 import common  # noqa: E402

@@ -19,15 +19,12 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
 
 
 def run_cases() -> None:
     import torch
 
-    sys.path.insert(0, str(HERE))
+    import _paths  # noqa: F401  (overlay/ and bench/ on sys.path)
     import bench_attention as ba
     import explore_attention as ea
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "overlay"))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import bench_attention as ba  # noqa: E402
 import bench_cache as bc  # noqa: E402

@@ -5,13 +5,10 @@ profiler sees two launches of each (the second is the steady state)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import bench_attention as ba  # noqa: E402
 import explore_attention as ea  # noqa: E402

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
-import sys
 
 import torch
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-for _p in (_ROOT / "overlay", _ROOT / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import bench_indexer_keys as B  # noqa: E402
 import common  # noqa: E402

@@ -7,13 +7,12 @@ per kernel name over 20 calls. A diagnostic for bench/bench_v41_indexer.py.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 import bench_v41_indexer as B  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 

@@ -14,15 +14,11 @@ past twice the L2); CUDA-graph replay, median per call.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
 import torch
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-for _p in (_ROOT / "overlay", _ROOT / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
 
 import common  # noqa: E402
 from bench_indexer_keys import BS, D, make_set, scorer_call  # noqa: E402
