@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_indexer_keys as K  # noqa: E402
 import bench_indexer_prefill as P  # noqa: E402

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
 from bench_indexer_prefill import STEP, TOPK, make_k, make_q  # noqa: E402

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402

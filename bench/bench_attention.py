@@ -37,7 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
 

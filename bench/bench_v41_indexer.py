@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
 H, D, BS, TOPK, CAND_BLOCKS, CAND_BS = 32, 128, 64, 512, 2048, 8

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_cache  # noqa: E402
 import common  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_attention as ba  # noqa: E402
 import common  # noqa: E402

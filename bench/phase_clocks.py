@@ -24,7 +24,7 @@ from collections import defaultdict
 def run_cases() -> None:
     import torch
 
-    import _paths  # noqa: F401  (overlay/ and bench/ on sys.path)
+    import _paths  # noqa: F401  (overlay/ on sys.path)
     import bench_attention as ba
     import explore_attention as ea
 

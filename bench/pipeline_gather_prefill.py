@@ -19,7 +19,7 @@ import os
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_attention as ba  # noqa: E402
 import bench_cache as bc  # noqa: E402

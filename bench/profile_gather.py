@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_cache as bc  # noqa: E402
 

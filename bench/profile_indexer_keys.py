@@ -12,7 +12,7 @@ import os
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import bench_indexer_keys as B  # noqa: E402
 import common  # noqa: E402

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
 from ab_row_topk import make_keys  # noqa: E402

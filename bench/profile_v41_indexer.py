@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 import bench_v41_indexer as B  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 

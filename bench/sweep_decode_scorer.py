@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-import _paths  # noqa: E402,F401  (overlay/ and bench/ on sys.path)
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
 from bench_indexer_keys import BS, D, make_set, scorer_call  # noqa: E402
