@@ -64,7 +64,7 @@ def main():
                   f"per-chunk reads {med['per-chunk reads']:.0f} us "
                   f"(rounds: {[round(x) for x in times['one copy']]} / "
                   f"{[round(x) for x in times['per-chunk reads']]}); outputs equal: {same}", flush=True)
-        del k, ks, q, w
+        k = ks = q = w = None  # drop the tensors (the timed lambda closes over them)
         torch.cuda.empty_cache()
 
 

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
             report.add(what="prefill_topk", shape=shape, impl=scorer, median_us=us,
                        tflops=flops / us / 1e6, speedup_vs_triton=base / us)
             print(report.rows[-1], flush=True)
-        del k, ks, q, w, outs
+        k = ks = q = w = outs = None  # drop the tensors (step()'s closures use them)
         torch.cuda.empty_cache()
     path = report.write_json()
     print(f"results: {path}")

@@ -21,7 +21,7 @@ import torch
 import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
-from bench_indexer_keys import BS, D, make_set, scorer_call  # noqa: E402
+from bench_indexer_keys import D, make_set, scorer_call  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 from deepinfer_sm80.ops import indexer as OI  # noqa: E402
 

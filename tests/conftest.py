@@ -10,6 +10,9 @@ for _sub in ("tools", "overlay", "tests"):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+# The drift and rebase tests' synthetic-upstream fixture, for every test module.
+from test_drift_synth import synth  # noqa: E402,F401
+
 
 def pytest_collection_modifyitems(session, config, items):
     """Tests whose probes run in the background (tests/background_probes.py) go last, so that

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from deepinfer import drift, hunkstatus as hs
-from test_drift_synth import BASE_VERSION, edit_line, numbered, synth  # noqa: F401
+from test_drift_synth import BASE_VERSION, edit_line, numbered
 
 FILES = {f"vllm/{n}.py": numbered(n) for n in
          ("clean", "offset", "fuzz", "threeway", "conflict", "renamed", "deleted",

@@ -9,7 +9,7 @@
   patched tree (Triton ahead-of-time, no GPU) and not in the pristine one, and sm_90
   gets the same code from both;
 - ``pip install`` of the patched tree ships ``deepinfer_sm80``;
-- every Python file the series changes compiles;
+- every Python file the series changes compiles, and adds no pyflakes message;
 - the overlay identity module matches the pin, and ``vllm.__version__`` stays
   upstream's.
 
@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,47 @@ def test_every_python_file_the_series_changes_compiles(trees, tmp_path) -> None:
     assert "vllm/models/deepseek_v4/nvidia/model.py" in changed
     for rel in changed:
         py_compile.compile(str(tree / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+
+def _pyflakes(source: str, filename: str) -> Counter:
+    """pyflakes' messages for one file, without line numbers (so that lines the series moves
+    compare equal); a message on a line marked ``# noqa`` is left out, as flake8 does."""
+    from pyflakes import checker
+
+    lines = source.splitlines()
+    w = checker.Checker(ast.parse(source, filename), filename=filename)
+    return Counter(f"{type(m).__name__}: {m.message % m.message_args}" for m in w.messages
+                   if "# noqa" not in lines[m.lineno - 1])
+
+
+@pytest.mark.network
+def test_the_series_adds_no_pyflakes_message_to_upstream_files(trees) -> None:
+    """Each Python file the series changes has no pyflakes message that upstream's file
+    lacks (an undefined name in a branch taken only on 8.x would pass every CPU test that
+    does not reach it); a file the series adds has none at all."""
+    tree = trees["patched"]
+
+    def changed(flt: str) -> list[str]:
+        return subprocess.run(
+            ["git", "-C", str(tree), "diff", "--name-only", f"--diff-filter={flt}",
+             "refs/deepinfer/base", "HEAD", "--", "*.py"],
+            capture_output=True, text=True, check=True).stdout.split()
+
+    modified, added = changed("M"), changed("A")
+    assert "vllm/models/deepseek_v4/nvidia/model.py" in modified
+    new: dict[str, list[str]] = {}
+    for rel in modified:
+        before = subprocess.run(["git", "-C", str(tree), "show", f"refs/deepinfer/base:{rel}"],
+                                capture_output=True, text=True, check=True).stdout
+        extra = _pyflakes((tree / rel).read_text(), rel) - _pyflakes(before, rel)
+        if extra:
+            new[rel] = sorted(extra)
+    for rel in added:
+        found = _pyflakes((tree / rel).read_text(), rel)
+        if found:
+            new[rel] = sorted(found)
+    assert not new, f"pyflakes messages the series adds (file: messages): {new}"
 
 
 @pytest.mark.network

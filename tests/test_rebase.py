@@ -8,7 +8,7 @@ import subprocess
 
 from deepinfer import apply as apply_mod, export as export_mod, rebase, source
 from deepinfer.patchset import load_patchset, read_manifest
-from test_drift_synth import BASE_VERSION, edit_line, numbered, synth  # noqa: F401
+from test_drift_synth import BASE_VERSION, edit_line, numbered
 
 A, B = numbered("a"), numbered("b")
 

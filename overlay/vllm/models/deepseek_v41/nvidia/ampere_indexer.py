@@ -18,8 +18,6 @@ sparse-logits scorer (``indexer_sparse_logits``) need SM100.
 
 from __future__ import annotations
 
-import torch
-
 from deepinfer_sm80.triton_writers import indexer_q_rope_quant
 from vllm.models.deepseek_v4.nvidia.ampere_indexer import AmpereSparseAttnIndexer
 from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
