@@ -63,6 +63,21 @@ def test_random_scores(rng, n, k):
     _check(_keys(s, valid), k)
 
 
+
+@pytest.mark.parametrize("k", [512, 1024])
+@pytest.mark.parametrize("frac", [1.001, 1.25, 1.5, 1.999, 2.0, 2.001])
+def test_candidate_count_between_k_and_2k(rng, k, frac):
+    """Rows with between k and 2k candidates (a radix top-k of another port returned wrong
+    indices there: prompts of 2,049-4,096 tokens at top-k 512 and compress ratio 4,
+    ../shared/docs/field-notes.md), with some columns invalid and some tied scores."""
+    n = int(k * frac)
+    s = torch.randn(6, n, generator=rng).to(DEV)
+    s[1, ::3] = 0.25             # ties across a third of the row
+    valid = torch.ones(6, n, dtype=torch.bool, device=DEV)
+    valid[2, k - 5:] = False     # fewer valid keys than k
+    valid[3, ::2] = False        # about n/2 valid
+    _check(_keys(s, valid), k)
+
 @pytest.mark.parametrize("n", [600, 5000, 65536])
 def test_ties_in_every_score_byte(rng, n):
     """Scores from a handful of values (relu zeros among them): the keys share their high 32
