@@ -335,22 +335,28 @@ def test_pip_install_of_the_tree_ships_deepinfer_sm80(trees) -> None:
         capture_output=True, text=True, check=True).stdout
 
 
+def _series_python_files(tree: Path, diff_filter: str) -> list[str]:
+    """The applied tree's Python files that its series and overlay changed since the base
+    (``git diff --diff-filter``: A added, M modified)."""
+    return subprocess.run(
+        ["git", "-C", str(tree), "diff", "--name-only", f"--diff-filter={diff_filter}",
+         "refs/deepinfer/base", "HEAD", "--", "*.py"],
+        capture_output=True, text=True, check=True).stdout.split()
+
+
 @pytest.mark.network
 def test_every_python_file_the_series_changes_compiles(trees, tmp_path) -> None:
     tree = trees["patched"]
-    changed = subprocess.run(
-        ["git", "-C", str(tree), "diff", "--name-only", "--diff-filter=AM",
-         "refs/deepinfer/base", "HEAD", "--", "*.py"],
-        capture_output=True, text=True, check=True).stdout.split()
+    changed = _series_python_files(tree, "AM")
     assert "vllm/models/deepseek_v4/nvidia/model.py" in changed
     for rel in changed:
         py_compile.compile(str(tree / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
 
 
-
 def _pyflakes(source: str, filename: str) -> Counter:
     """pyflakes' messages for one file, without line numbers (so that lines the series moves
-    compare equal); a message on a line marked ``# noqa`` is left out, as flake8 does."""
+    compare equal); a message on a line carrying a ``# noqa`` comment (any codes) is left
+    out."""
     from pyflakes import checker
 
     lines = source.splitlines()
@@ -373,13 +379,7 @@ def test_the_series_adds_no_pyflakes_message_to_upstream_files(trees, version,
 
         tree = ap.apply(version, source.SourceSpec.parse("sdist"), build=tmp_path).tree
 
-    def changed(flt: str) -> list[str]:
-        return subprocess.run(
-            ["git", "-C", str(tree), "diff", "--name-only", f"--diff-filter={flt}",
-             "refs/deepinfer/base", "HEAD", "--", "*.py"],
-            capture_output=True, text=True, check=True).stdout.split()
-
-    modified, added = changed("M"), changed("A")
+    modified, added = _series_python_files(tree, "M"), _series_python_files(tree, "A")
     assert "vllm/models/deepseek_v4/nvidia/model.py" in modified
     new: dict[str, list[str]] = {}
     for rel in modified:

@@ -63,7 +63,6 @@ def test_random_scores(rng, n, k):
     _check(_keys(s, valid), k)
 
 
-
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("frac", [1.001, 1.25, 1.5, 1.999, 2.0, 2.001])
 def test_candidate_count_between_k_and_2k(rng, k, frac):
@@ -77,6 +76,7 @@ def test_candidate_count_between_k_and_2k(rng, k, frac):
     valid[2, k - 5:] = False     # fewer valid keys than k
     valid[3, ::2] = False        # about n/2 valid
     _check(_keys(s, valid), k)
+
 
 @pytest.mark.parametrize("n", [600, 5000, 65536])
 def test_ties_in_every_score_byte(rng, n):
