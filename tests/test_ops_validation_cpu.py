@@ -141,6 +141,41 @@ def test_row_topk_wrappers(rec):
     assert len(rec.calls) == 2
 
 
+def test_row_topk_window_arguments(rec):
+    """The window: hi (and lo) int32 [>= rows] contiguous, lo only with hi, 0 <= prefix <= n;
+    they reach the op in its order (out, keys, k, lo, hi, col0, prefix), else no call."""
+    keys = torch.zeros(3, 10, dtype=torch.int64)
+    out = torch.zeros(3, 4, dtype=torch.int32)
+    hi, lo = _i32(5, 6, 7), _i32(0, 1, 2)
+    ops_indexer.row_topk_indices(keys, 4, out=out, lo=lo, hi=hi, col0=100, prefix=4)
+    ops_indexer.row_topk_keys(keys, 4, hi=_i32(1, 2, 3, 4))
+    ops_indexer.row_topk_keys(keys, 4)
+    (_, a1, _), (_, a2, _), (_, a3, _) = rec.calls
+    assert a1[3] is lo and a1[4] is hi and a1[5:] == (100, 4)
+    assert a2[3] is None and a2[4].shape == (4,) and a2[5:] == (0, 0)
+    assert len(a3) == 3  # no window: the op's three arguments
+    bad = [(dict(lo=lo), ValueError, "lo needs hi"),
+           (dict(hi=_i32(1, 2)), ValueError, r"hi must be a contiguous int32 \[>= rows\]"),
+           (dict(hi=torch.tensor([1, 2, 3])), TypeError, "hi must be torch.int32"),
+           (dict(hi=_i32(1, 2, 3, 4, 5, 6)[::2]), ValueError, "hi must be a contiguous"),
+           (dict(hi=hi, lo=_i32(0, 1)), ValueError, "lo must be a contiguous"),
+           (dict(hi=hi, prefix=11), ValueError, r"prefix must be in \[0, n = 10\]"),
+           (dict(hi=hi, prefix=-1), ValueError, "prefix must be in"),
+           (dict(best=torch.zeros(3, 4, dtype=torch.int64)), ValueError, "best needs hi"),
+           (dict(hi=hi, prefix=2, best=torch.zeros(3, 4, dtype=torch.int64)), ValueError,
+            "best needs hi and prefix = 0"),
+           (dict(hi=hi, best=torch.zeros(3, 4, dtype=torch.int32)), TypeError, "best must be torch.int64"),
+           (dict(hi=hi, best=torch.zeros(2, 4, dtype=torch.int64)), ValueError, r"best must be int64 \[>= 3, m\]"),
+           (dict(hi=hi, best=torch.zeros(8, 3, dtype=torch.int64).t()), ValueError, "contiguous last dim")]
+    for kw, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            ops_indexer.row_topk_indices(keys, 4, out=out, **kw)
+    assert len(rec.calls) == 3
+    best = torch.zeros(3, 6, dtype=torch.int64)
+    ops_indexer.row_topk_keys(keys, 4, hi=hi, col0=7, best=best)
+    assert rec.calls[3][1][3:] == (None, hi, 7, 0, best)
+
+
 # ---------------------------------------------------------------- attention wrappers
 from deepinfer_sm80.ops import attention as ops_attn  # noqa: E402
 

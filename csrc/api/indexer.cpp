@@ -5,6 +5,8 @@
 //                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
 //   deepinfer_sm80::row_topk_indices   (the same top-k written as int32 column indices)
+#include <optional>
+
 #include "api/api_utils.h"
 #include "index/index_kernels.h"
 
@@ -75,8 +77,9 @@ void indexer_paged_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& 
                         const at::Tensor& pages, const at::Tensor& block_table,
                         const at::Tensor& row_req, const at::Tensor& lo, const at::Tensor& hi,
                         int64_t col0, int64_t n_cols, int64_t block_size, int64_t chunk,
-                        int64_t sm_count, int64_t smem_cap, int64_t rows_per_req) {
+                        int64_t sm_count, int64_t smem_cap, int64_t rows_per_req, bool fill) {
   IndexerKeysParams p = checked_rows(out, q, w, lo, hi, col0, n_cols, chunk, smem_cap);
+  p.fill = fill;
   const at::Device dev = q.device();
   api::check_cuda(pages, "kv_cache", dev);
   api::check_dtype(pages, "kv_cache", at::kByte);
@@ -158,8 +161,21 @@ void indexer_flat_keys(at::Tensor& out, const at::Tensor& q, const at::Tensor& w
   api::check_launch();
 }
 
+// A row window's bound: int32 [>= rows] on the keys' device, contiguous.
+static void check_window(const at::Tensor& t, const char* name, const at::Tensor& keys) {
+  api::check_cuda(t, name, keys.device());
+  api::check_dtype(t, name, at::kInt);
+  TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.size(0) >= keys.size(0), name,
+              " must be a contiguous int32 [>= rows] tensor (rows = ", keys.size(0), "), got shape ",
+              t.sizes());
+}
+
 // The row top-k's checks and launch; out is int64 keys or (as_indices) int32 column indices.
-void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indices) {
+// hi (and lo): the visible window of each row, see RowTopkParams (index_kernels.h).
+// best: a running best [>= rows, m] merged in front of the window (RowTopkParams::win_head).
+void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indices,
+              const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi, int64_t col0,
+              int64_t prefix, const std::optional<at::Tensor>& best) {
   const at::Device dev = keys.device();
   api::check_cuda(keys, "keys", dev);
   api::check_dtype(keys, "keys", at::kLong);
@@ -172,6 +188,19 @@ void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indice
               "out must be ", as_indices ? "int32" : "int64",
               " [>= rows, >= k] with a contiguous last dim");
   TORCH_CHECK(keys.size(0) <= INT32_MAX, "too many rows");
+  TORCH_CHECK(hi.has_value() || !lo.has_value(), "lo needs hi (the window is [lo, hi))");
+  TORCH_CHECK(prefix >= 0 && prefix <= keys.size(1), "prefix must be in [0, n = ", keys.size(1),
+              "], got ", prefix);
+  if (hi.has_value()) check_window(*hi, "hi", keys);
+  if (lo.has_value()) check_window(*lo, "lo", keys);
+  if (best.has_value()) {
+    TORCH_CHECK(hi.has_value() && prefix == 0, "best needs hi and prefix = 0 (it is the prefix)");
+    api::check_cuda(*best, "best", dev);
+    api::check_dtype(*best, "best", at::kLong);
+    TORCH_CHECK(best->dim() == 2 && best->size(0) >= keys.size(0) && best->stride(1) == 1 &&
+                    best->size(1) <= INT32_MAX - keys.size(1),
+                "best must be int64 [>= rows, m] with a contiguous last dim");
+  }
   if (keys.size(0) == 0) return;
   c10::cuda::CUDAGuard guard(dev);
   RowTopkParams p;
@@ -183,13 +212,33 @@ void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indice
   p.rows = static_cast<int>(keys.size(0));
   p.n = static_cast<int>(keys.size(1));
   p.k = static_cast<int>(k);
+  if (hi.has_value()) {
+    p.win_hi = hi->data_ptr<int32_t>();
+    p.win_lo = lo.has_value() ? lo->data_ptr<int32_t>() : nullptr;
+    p.win_col0 = col0;
+    p.win_prefix = static_cast<int>(prefix);
+    if (best.has_value() && best->size(1) > 0) {
+      p.win_head = best->data_ptr<int64_t>();
+      p.win_head_stride = best->stride(0);
+      p.win_prefix = static_cast<int>(best->size(1));
+      p.n += p.win_prefix;  // the kernel's n counts the prefix too
+    }
+  }
   launch_row_topk(p, api::stream());
   api::check_launch();
 }
 
-void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k) { row_topk(out, keys, k, false); }
+void row_topk_keys(at::Tensor& out, const at::Tensor& keys, int64_t k,
+                   const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
+                   int64_t col0, int64_t prefix, const std::optional<at::Tensor>& best) {
+  row_topk(out, keys, k, false, lo, hi, col0, prefix, best);
+}
 
-void row_topk_indices(at::Tensor& out, const at::Tensor& keys, int64_t k) { row_topk(out, keys, k, true); }
+void row_topk_indices(at::Tensor& out, const at::Tensor& keys, int64_t k,
+                      const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
+                      int64_t col0, int64_t prefix, const std::optional<at::Tensor>& best) {
+  row_topk(out, keys, k, true, lo, hi, col0, prefix, best);
+}
 
 }  // namespace
 
@@ -197,13 +246,18 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "indexer_paged_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor kv_cache, "
       "Tensor block_table, Tensor row_req, Tensor lo, Tensor hi, int col0, int n_cols, "
-      "int block_size, int chunk=0, int sm_count=0, int smem_cap=0, int rows_per_req=0) -> ()");
+      "int block_size, int chunk=0, int sm_count=0, int smem_cap=0, int rows_per_req=0, "
+      "bool fill=True) -> ()");
   m.def(
       "indexer_flat_keys(Tensor(a!) out, Tensor q, Tensor weights, Tensor k_codes, "
       "Tensor k_scale, Tensor lo, Tensor hi, int col0, int n_cols, int chunk=0, "
       "int sm_count=0, int smem_cap=0, int kernel=0) -> ()");
-  m.def("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()");
-  m.def("row_topk_indices(Tensor(a!) out, Tensor keys, int k) -> ()");
+  m.def(
+      "row_topk_keys(Tensor(a!) out, Tensor keys, int k, Tensor? lo=None, Tensor? hi=None, "
+      "int col0=0, int prefix=0, Tensor? best=None) -> ()");
+  m.def(
+      "row_topk_indices(Tensor(a!) out, Tensor keys, int k, Tensor? lo=None, Tensor? hi=None, "
+      "int col0=0, int prefix=0, Tensor? best=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {

@@ -105,6 +105,11 @@ struct IndexerKeysParams {
   // aligned to it (then a block streams one request's pages once for all its rows); any order
   // is correct.
   int group_rows = 0;
+  // false: columns outside every row's [lo, hi) (a warp-kernel row's window; a rows-kernel
+  // block's union of its rows' windows) are left as they are instead of set to INT64_MIN, for
+  // a caller that reads only the windows (the decode top-k with a max_model_len-wide block
+  // table). A row without a valid request is still written whole.
+  bool fill = true;
 };
 
 constexpr int kIndexerKeysChunkStep = 64;  // 4 warps x 16-column tiles
@@ -131,7 +136,22 @@ struct RowTopkParams {
   int rows;
   int n;
   int k;                          // 1..kRowTopkMaxK
-  bool stage = false;             // set by the launcher: the row fits in shared memory
+  // Optional visible window (win_hi != nullptr): the caller promises that key j >= win_prefix
+  // of row r, the key of column win_col0 + (j - win_prefix), is INT64_MIN unless that column is
+  // in [win_lo[r] (0 when win_lo is nullptr), win_hi[r]). The kernel then reads only keys
+  // [0, win_prefix) and the window's keys: the same result as over the whole row (the skipped
+  // keys are INT64_MIN, which only pads), without reading a row as wide as the block table.
+  // With win_head (window mode only): the win_prefix keys of a running best come from row r of
+  // win_head (row stride win_head_stride), and every key of `keys` is a window column (key j of
+  // column win_col0 + j; n counts both), so a merge needs no concatenated copy.
+  const int32_t* win_lo = nullptr;
+  const int32_t* win_hi = nullptr;
+  int64_t win_col0 = 0;
+  int win_prefix = 0;
+  const int64_t* win_head = nullptr;
+  int64_t win_head_stride = 0;
+  int stage_max = 0;              // set by the launcher: rows of at most this many keys (and
+                                  // more than k) are staged in shared memory
 };
 constexpr int kRowTopkMaxK = 1024;
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream);

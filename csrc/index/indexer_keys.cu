@@ -55,6 +55,8 @@ using indexer_keys::kD;
 using indexer_keys::kF16x2NaN;
 using indexer_keys::kKeyMin;
 using indexer_keys::order_key;
+using indexer_keys::clamp_cols;
+using indexer_keys::visible_chunk;
 using indexer_keys::words8;
 
 constexpr int kWarps = 4;                                // warps per block
@@ -107,8 +109,10 @@ __device__ __forceinline__ const void* column_bytes(const IndexerKeysParams& p, 
 // design; $DEEPINFER_INDEXER_DIAG): 1 = the tile stream without decode, MMA or epilogue (a
 // key from the loaded words), 2 = the math on whatever the ring holds, without the copies.
 // kFlat: K from the flat workspace (IndexerKeysParams::k_codes), no page table.
+// 32 heads: at most 128 registers, the four blocks per A100 SM that the ring's shared memory
+// allows (the window prologue took ptxas from 125 to 132 registers, three blocks).
 template <int NT, int kStages, int kDiag = 0, bool kFlat = false>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, NT == 4 ? 4 : 1)
 indexer_keys_kernel(const IndexerKeysParams p) {
   constexpr int kWarpRing = kStages * kTileBytes;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -122,27 +126,33 @@ indexer_keys_kernel(const IndexerKeysParams p) {
   const int t = lane & 3;
   uint8_t* ring = smem + kWeightBytes + warp * kWarpRing;
   const int row = blockIdx.x;
-  const int c_begin = blockIdx.y * p.chunk;  // first column of the chunk, local to the call
-  const int ncols = min(p.chunk, p.n_cols - c_begin);
-  int64_t* out = p.out + static_cast<int64_t>(row) * p.out_stride0 + c_begin;
-
   const int req = kFlat ? 0 : p.row_req[row];
   const int lo = p.lo[row];
   const int hi = p.hi[row];
-  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the chunk
-  // visible columns of the chunk, chunk-local: [v0, v1)
-  const int64_t lo_rel = static_cast<int64_t>(lo) - base, hi_rel = static_cast<int64_t>(hi) - base;
-  const int v0 = static_cast<int>(lo_rel > 0 ? lo_rel : 0);
-  const int v1 = static_cast<int>(hi_rel < ncols ? hi_rel : ncols);
-  if ((!kFlat && (req < 0 || req >= p.num_reqs)) || v0 >= v1) {
-    for (int i = tid; i < ncols; i += kWarps * 32) out[i] = kKeyMin;
-    return;
+  int64_t* const row_out = p.out + static_cast<int64_t>(row) * p.out_stride0;
+  // The row's visible columns of the call, [V0, V1). A vLLM decode's block table spans
+  // max_model_len and a row only its context, so the visible columns, not the call's, are
+  // spread over the row's gridDim.y blocks; each block also writes INT64_MIN over the invisible
+  // columns of its own range [y * chunk, (y + 1) * chunk) of the call.
+  const int V0 = clamp_cols(static_cast<int64_t>(lo) - p.col0, 0, p.n_cols);
+  const int V1 = clamp_cols(static_cast<int64_t>(hi) - p.col0, V0, p.n_cols);
+  const bool no_req = !kFlat && (req < 0 || req >= p.num_reqs);
+  if (p.fill || no_req) {  // [a, e) minus [V0, V1) (all of it without a request): [a, f), [g, e)
+    const int a = blockIdx.y * p.chunk, e = min(a + p.chunk, p.n_cols);
+    const int f = no_req ? e : min(e, V0), g = max(max(a, V1), f);
+    for (int c = a + tid; c < f; c += kWarps * 32) row_out[c] = kKeyMin;
+    for (int c = g + tid; c < e; c += kWarps * 32) row_out[c] = kKeyMin;
   }
-  const int tile_first = v0 / kTileCols;
-  const int tile_end = (v1 + kTileCols - 1) / kTileCols;
-  for (int i = tid; i < ncols; i += kWarps * 32) {  // columns of no tile
-    if (i < tile_first * kTileCols || i >= tile_end * kTileCols) out[i] = kKeyMin;
-  }
+  const int cv = visible_chunk(V1 - V0, gridDim.y, kTileCols, p.chunk);
+  const int64_t c_first = static_cast<int64_t>(V0) + static_cast<int64_t>(blockIdx.y) * cv;
+  if (no_req || c_first >= V1) return;
+  const int c_begin = static_cast<int>(c_first);  // first column of the block, local to the call
+  const int ncols = min(cv, V1 - c_begin);        // all visible
+  int64_t* out = row_out + c_begin;
+  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the block
+  const int v0 = 0, v1 = ncols;  // visible columns, block-local
+  const int tile_first = 0;
+  const int tile_end = (ncols + kTileCols - 1) / kTileCols;
 
   // the page table of the visible columns (paged mode), and the weights
   PageTable pt;

@@ -29,6 +29,21 @@ __device__ __forceinline__ int64_t order_key(float x, int64_t local) {
   return ordered * (int64_t{1} << 32) + (int64_t{0xFFFFFFFF} - local);
 }
 
+// x clamped to [lo, hi] (lo <= hi), as an int: a window bound in the call's columns.
+__host__ __device__ __forceinline__ int clamp_cols(int64_t x, int lo, int hi) {
+  return static_cast<int>(x < lo ? lo : (x > hi ? hi : x));
+}
+
+// Columns per block when a row's (or a block of rows') n_vis visible columns are spread over
+// the row's `blocks` blocks: the even share rounded up to whole units of `unit` columns, at
+// most `chunk` (the launch's columns per block, which the shared memory is sized for; blocks
+// x chunk covers the call, so blocks x the result covers the visible columns).
+__host__ __device__ __forceinline__ int visible_chunk(int n_vis, int blocks, int unit, int chunk) {
+  int c = (n_vis + blocks - 1) / blocks;
+  c = (c + unit - 1) / unit * unit;
+  return c < chunk ? c : chunk;
+}
+
 // Calls f(std::integral_constant<int, NT>{}) with NT = heads / 8 head tiles for 16, 32 or 64
 // heads (the ops check the head count first); false for any other count.
 template <class F>

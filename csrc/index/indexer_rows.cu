@@ -44,8 +44,10 @@ using attention::ptx::mma_f16_16816;
 using attention::ptx::smem_u32;
 using indexer_keys::kD;
 using indexer_keys::kF16x2NaN;
+using indexer_keys::clamp_cols;
 using indexer_keys::kKeyMin;
 using indexer_keys::order_key;
+using indexer_keys::visible_chunk;
 
 constexpr int kWarps = 8;           // warps per block
 constexpr int kPairCols = 32;       // columns a warp takes at a time (two M tiles)
@@ -152,18 +154,17 @@ indexer_rows_kernel(const IndexerKeysParams p) {
   const int group = kPaged ? p.group_rows : kR;
   const int row0 = blockIdx.x * group;
   const int live = min(group, p.rows - row0);
-  const int c_begin = blockIdx.y * p.chunk;
-  const int ncols = min(p.chunk, p.n_cols - c_begin);
-  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the chunk
 
-  // each row's visible columns, chunk-local [v0, v1), and (paged) its request
+  // Each row's visible columns of the call [V0, V1), its lo and (paged) its request. A vLLM
+  // decode's block table spans max_model_len and a row only its context, so the union [U0, U1)
+  // of the block's rows' visible columns, not the call's columns, is spread over the
+  // gridDim.y blocks of the row group; each block also writes INT64_MIN for every row over the
+  // columns of its own range [y * chunk, (y + 1) * chunk) of the call outside the union.
   if (tid < live) {
     const int lo = p.lo[row0 + tid];
-    const int64_t lo_rel = static_cast<int64_t>(lo) - base;
-    const int64_t hi_rel = static_cast<int64_t>(p.hi[row0 + tid]) - base;
-    swin[tid] = make_int4(static_cast<int>(lo_rel > 0 ? lo_rel : 0),
-                          static_cast<int>(hi_rel < ncols ? hi_rel : ncols), lo,
-                          kPaged ? p.row_req[row0 + tid] : 0);
+    const int v0 = clamp_cols(static_cast<int64_t>(lo) - p.col0, 0, p.n_cols);
+    const int v1 = clamp_cols(static_cast<int64_t>(p.hi[row0 + tid]) - p.col0, v0, p.n_cols);
+    swin[tid] = make_int4(v0, v1, lo, kPaged ? p.row_req[row0 + tid] : 0);
   }
 
   // Q of the block's rows as fp16 (x 2^-8) in the order lane (g, t) reads its B fragments: the
@@ -196,6 +197,35 @@ indexer_rows_kernel(const IndexerKeysParams p) {
       }
     }
     sw[i] = p.w[static_cast<int64_t>(row0 + r) * p.heads + h] * 65536.0f;
+  }
+  __syncthreads();  // the windows and Q are in shared memory
+  int U0 = p.n_cols, U1 = 0;
+  for (int r = 0; r < live; ++r) {
+    const int4 win = swin[r];
+    if (win.x < win.y) {
+      U0 = min(U0, win.x);
+      U1 = max(U1, win.y);
+    }
+  }
+  if (p.fill) {  // [a, e) minus [U0, U1): [a, f) and [g, e)
+    const int a = blockIdx.y * p.chunk, e = min(a + p.chunk, p.n_cols);
+    const int f = min(e, U0), g = max(max(a, U1), f);
+    for (int r = 0; r < live; ++r) {
+      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0;
+      for (int c = a + tid; c < f; c += kWarps * 32) out[c] = kKeyMin;
+      for (int c = g + tid; c < e; c += kWarps * 32) out[c] = kKeyMin;
+    }
+  }
+  const int cv = visible_chunk(U1 > U0 ? U1 - U0 : 0, gridDim.y, kPairCols, p.chunk);
+  const int64_t c_first = static_cast<int64_t>(U0) + static_cast<int64_t>(blockIdx.y) * cv;
+  if (c_first >= U1) return;
+  const int c_begin = static_cast<int>(c_first);  // first column of the block, local to the call
+  const int ncols = min(cv, U1 - c_begin);
+  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the block
+  __syncthreads();  // every thread has read the call-local windows
+  if (tid < live) {  // block-local windows [v0, v1) (empty when v0 >= v1)
+    const int4 win = swin[tid];
+    swin[tid] = make_int4(max(win.x - c_begin, 0), min(win.y - c_begin, ncols), win.z, win.w);
   }
   __syncthreads();
 

@@ -17,6 +17,11 @@
 // under 32, shared memory for the longer ones) and written, as keys or (out_idx) as the int32
 // column indices the keys carry. Deterministic: the result is a function of the multiset of
 // keys.
+//
+// Windows (RowTopkParams::win_*): a row is then read as its prefix (a running best, in the row or
+// in its own tensor) and the columns of its visible window only; the caller promises INT64_MIN
+// everywhere else, so the result is the same as over the whole row. A vLLM decode's rows are as
+// wide as max_model_len and visible only up to their context (docs/indexer-scorer.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -139,8 +144,10 @@ __device__ __forceinline__ void bitonic_desc(uint64_t (&v)[kPer], uint64_t* sel,
   }
 }
 
-// kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2.
-template <int kPer>
+// kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2. kHead: the
+// row is read in two segments (a prefix, then the window: win_prefix > 0); otherwise key i is
+// one pointer's element i, as without a window (the loads of the passes keep their form).
+template <int kPer, bool kHead>
 __global__ void __launch_bounds__(kThreads)
 row_topk_kernel(const RowTopkParams p) {
   __shared__ int hist[256];
@@ -151,11 +158,58 @@ row_topk_kernel(const RowTopkParams p) {
   const int tid = threadIdx.x;
   const int row = blockIdx.x;
   const int64_t* keys = p.keys + static_cast<int64_t>(row) * p.key_stride;
-  const int n = p.n;
+  // The keys the row is read as: key i is head[i] for i < pre, tail[i - pre] after (the window).
+  int n = p.n;
+  int pre = n;
+  const int64_t* head = keys;
+  const int64_t* tail = keys;  // key i >= pre is tail[i - pre]
+  if (p.win_hi != nullptr) {
+    pre = p.win_prefix;
+    // the window columns: win_cols[j] is column win_col0 + j, span of them
+    const int64_t* win_cols = keys + pre;
+    const int64_t span = n - pre;
+    if (p.win_head != nullptr) {  // the prefix from its own rows; every key a window column
+      head = p.win_head + static_cast<int64_t>(row) * p.win_head_stride;
+      win_cols = keys;
+    }
+    int64_t a = (p.win_lo != nullptr ? p.win_lo[row] : 0) - p.win_col0;
+    int64_t b = p.win_hi[row] - p.win_col0;
+    a = a < 0 ? 0 : (a > span ? span : a);
+    b = b < a ? a : (b > span ? span : b);
+    tail = win_cols + a;
+    n = pre + static_cast<int>(b - a);
+  }
+  auto key_at = [&](int i) -> uint64_t {
+    if constexpr (kHead) {
+      return static_cast<uint64_t>(i < pre ? head[i] : tail[i - pre]) ^ kSign;
+    } else {
+      return static_cast<uint64_t>(tail[i]) ^ kSign;  // pre is 0 (window) or n (keys)
+    }
+  };
   const int k = p.k;
   const int sel_n = pow2_at_least(k);
   uint64_t* const cand = sel + sel_n;
-  const bool staged = p.stage && n > k;  // the row goes to cand[0, n) in the first pass
+  const bool staged = n > k && n <= p.stage_max;  // the row goes to cand[0, n) in the first pass
+  if constexpr (kHead) {
+    // An empty window behind k prefix keys that are already in descending order (a previous
+    // top-k's output: the column tiles of a decode past every context): they are the result.
+    if (n == pre && pre == k) {
+      bool sorted = true;
+      for (int i = tid; i + 1 < k; i += kThreads) sorted &= head[i] >= head[i + 1];
+      if (__syncthreads_and(sorted)) {
+        for (int i = tid; i < k; i += kThreads) {
+          const int64_t key = head[i];
+          if (p.out_idx != nullptr) {
+            p.out_idx[static_cast<int64_t>(row) * p.out_stride + i] =
+                key == INT64_MIN ? -1 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+          } else {
+            p.out[static_cast<int64_t>(row) * p.out_stride + i] = key;
+          }
+        }
+        return;
+      }
+    }
+  }
 
   uint64_t thr;       // the k-th largest key (unsigned form); keys above it are all selected
   int fill;           // copies of thr to add
@@ -174,7 +228,7 @@ row_topk_kernel(const RowTopkParams p) {
       if (staged) {
         if (shift == 56) {  // first pass: every key counts; copy the row
           for (int i = tid; i < n; i += kThreads) {
-            const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+            const uint64_t u = key_at(i);
             cand[i] = u;
             atomicAdd(&hist[u >> 56], 1);
           }
@@ -195,7 +249,7 @@ row_topk_kernel(const RowTopkParams p) {
         }
       } else if (!in_smem) {
         for (int i = tid; i < n; i += kThreads) {
-          const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+          const uint64_t u = key_at(i);
           hist_add_if(hist, static_cast<uint32_t>(u >> shift) & 255, (u & mask) == prefix);
         }
       } else {
@@ -253,7 +307,7 @@ row_topk_kernel(const RowTopkParams p) {
         if (tid == 0) s_n = 0;
         __syncthreads();
         for (int i = tid; i < n; i += kThreads) {
-          const uint64_t u = static_cast<uint64_t>(keys[i]) ^ kSign;
+          const uint64_t u = key_at(i);
           if ((u & mask) == prefix) cand[atomicAdd(&s_n, 1)] = u;
         }
         __syncthreads();
@@ -269,7 +323,7 @@ row_topk_kernel(const RowTopkParams p) {
   if (tid == 0) s_n = 0;
   __syncthreads();
   for (int i = tid; i < n; i += kThreads) {
-    const uint64_t u = staged ? cand[i] : static_cast<uint64_t>(keys[i]) ^ kSign;
+    const uint64_t u = staged ? cand[i] : key_at(i);
     if (n <= k ? true : (at_least ? u >= thr : u > thr)) sel[atomicAdd(&s_n, 1)] = u;
   }
   __syncthreads();
@@ -306,9 +360,11 @@ row_topk_kernel(const RowTopkParams p) {
   }
 }
 
-// Dynamic shared memory: the selection (pow2 >= k keys), then kCand candidates or the staged row.
-int row_topk_smem_bytes(int k, bool stage, int n) {
-  return (pow2_at_least(k) + (stage ? n : kCand)) * static_cast<int>(sizeof(uint64_t));
+// Dynamic shared memory: the selection (pow2 >= k keys), then kCand candidates or a staged row
+// of up to stage_max keys.
+int row_topk_smem_bytes(int k, int stage_max) {
+  return (pow2_at_least(k) + (stage_max > kCand ? stage_max : kCand)) *
+         static_cast<int>(sizeof(uint64_t));
 }
 
 }  // namespace
@@ -317,18 +373,26 @@ void launch_row_topk(const RowTopkParams& params, cudaStream_t stream) {
   if (params.rows <= 0 || params.k <= 0) return;
   RowTopkParams p = params;
   static const bool can_stage = [] {  // beyond 48 KB of dynamic shared memory, once
-    const int bytes = row_topk_smem_bytes(kRowTopkMaxK, true, kStageMax);
-    return cudaFuncSetAttribute(row_topk_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                bytes) == cudaSuccess &&
-           cudaFuncSetAttribute(row_topk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                bytes) == cudaSuccess;
+    const int bytes = row_topk_smem_bytes(kRowTopkMaxK, kStageMax);
+    const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    return cudaFuncSetAttribute(row_topk_kernel<1, false>, attr, bytes) == cudaSuccess &&
+           cudaFuncSetAttribute(row_topk_kernel<2, false>, attr, bytes) == cudaSuccess &&
+           cudaFuncSetAttribute(row_topk_kernel<1, true>, attr, bytes) == cudaSuccess &&
+           cudaFuncSetAttribute(row_topk_kernel<2, true>, attr, bytes) == cudaSuccess;
   }();
-  p.stage = can_stage && p.n > p.k && p.n <= kStageMax;
-  const int smem = row_topk_smem_bytes(p.k, p.stage, p.n);
+  if (p.win_hi == nullptr) {  // every row has p.n keys
+    p.stage_max = can_stage && p.n > p.k && p.n <= kStageMax ? p.n : 0;
+  } else {  // rows of up to p.n keys, each as long as its window: staged where it fits
+    p.stage_max = can_stage ? (p.n < kStageMax ? p.n : kStageMax) : 0;
+  }
+  const int smem = p.win_hi == nullptr && p.stage_max > 0
+                       ? (pow2_at_least(p.k) + p.stage_max) * static_cast<int>(sizeof(uint64_t))
+                       : row_topk_smem_bytes(p.k, p.stage_max);
+  const bool head = p.win_hi != nullptr && p.win_prefix > 0;
   if (pow2_at_least(p.k) <= kThreads) {
-    row_topk_kernel<1><<<p.rows, kThreads, smem, stream>>>(p);
+    (head ? row_topk_kernel<1, true> : row_topk_kernel<1, false>)<<<p.rows, kThreads, smem, stream>>>(p);
   } else {
-    row_topk_kernel<2><<<p.rows, kThreads, smem, stream>>>(p);
+    (head ? row_topk_kernel<2, true> : row_topk_kernel<2, false>)<<<p.rows, kThreads, smem, stream>>>(p);
   }
 }
 

@@ -3,7 +3,8 @@
 # bundle (`make apply && make gpu-bundle`, carried at dist/): build the extension (SM80 code
 # from compute_80 PTX as sm_90 SASS), run its GPU tests and the indexer/layer tests that go
 # through decode_topk / prefill_topk, then the benches (Triton scorer baselines in the same run):
-# bench/bench_indexer_keys.py (decode) and bench/bench_indexer_prefill.py (prefill).
+# bench/bench_indexer_keys.py (decode) and bench/bench_indexer_prefill.py (prefill);
+# INDEXER_BENCHES=width: bench/bench_indexer_width.py (decode with a max_model_len-wide block table).
 # INDEXER_SWEEP=1: also bench/sweep_decode_scorer.py (one row per request: warp vs rows kernel).
 # INDEXER_TESTS=0: no tests (after a final.sh tests run in the same call).
 #   [INDEXER_BENCHES="keys prefill"] [INDEXER_SWEEP=1] [INDEXER_TESTS=0] bash scripts/device/indexer.sh [quick]

@@ -280,10 +280,13 @@ def test_rows_kernel_smaller_blocks(rng, most):
     assert res.stdout.strip().splitlines()[-1] == "True", res.stdout
 
 
+@pytest.mark.parametrize("tile_budget", [None, 4096])
 @pytest.mark.parametrize("row_chunk", [7, 256])
-def test_prefill_topk_cuda_equals_triton_and_oracle(rng, row_chunk):
+def test_prefill_topk_cuda_equals_triton_and_oracle(rng, row_chunk, tile_budget):
     """``prefill_topk`` through the CUDA scorer: the indices the Triton scorer gives, and the
-    float64 oracle's top-k set per row (exact inputs: ties broken by the lower column)."""
+    float64 oracle's top-k set per row (exact inputs: ties broken by the lower column). The
+    CUDA top-k reads only each row's window [lo, hi) of each column tile; a small
+    ``tile_budget`` makes many tiles (64 columns), merged with the running best."""
     T, H, N, K = 40, 64, 900, 64
     c = _case(rng, T=T, H=H, N=N)
     lo, hi = _causal(T, N, [0, 450], rng)
@@ -291,8 +294,9 @@ def test_prefill_topk_cuda_equals_triton_and_oracle(rng, row_chunk):
     outs = {}
     for scorer in ("cuda", "triton"):
         o = torch.full((T, K + 3), -7, dtype=torch.int32, device=DEV)
+        kw = {} if tile_budget is None else dict(tile_budget=tile_budget)
         I.prefill_topk(q, w, c["k_dev"], c["sc_dev"], lo.to(DEV), hi.to(DEV), K, o,
-                       row_chunk=row_chunk, scorer=scorer)
+                       row_chunk=row_chunk, scorer=scorer, **kw)
         outs[scorer] = o.cpu()
     assert torch.equal(outs["cuda"], outs["triton"])
     assert (outs["cuda"][:, K:] == -7).all()

@@ -341,6 +341,71 @@ def test_decode_topk_cuda_equals_triton_and_replays_in_a_graph(rng, monkeypatch,
         assert torch.equal(o.cpu(), e.cpu())
 
 
+@pytest.mark.parametrize("rows_per_req", [0, 1, 3])
+def test_fill_false_writes_the_windows_the_same(rng, rows_per_req):
+    """``fill=False`` (the windowed decode top-k): every column inside a row's window [lo, hi)
+    is written as with the fill; the columns past the windows are left as they were (the warp
+    kernel: past each row's own window) or INT64_MIN, never anything else."""
+    c = _random_paged(rng, B=4, NN=3, H=64, bs=64, ctx_max=700)
+    W = 64 * 64  # a block table narrower than the call: its missing pages read as no page
+    full = _paged(c, n_cols=W, rows_per_req=rows_per_req)
+    part = _paged(c, n_cols=W, rows_per_req=rows_per_req, fill=False)
+    hi = c["hi"].cpu()
+    skipped = 0
+    for r in range(full.shape[0]):
+        h = int(hi[r])
+        assert torch.equal(part[r, :h], full[r, :h]), r
+        rest = part[r, h:]
+        assert bool(((rest == POISON) | (rest == I.INT64_MIN)).all()), r
+        if rows_per_req == 0:
+            assert bool((rest == POISON).all()), r
+        skipped += int((rest == POISON).sum())
+    assert skipped > 0
+
+
+@pytest.mark.parametrize("NN", [2, 6])
+def test_decode_topk_one_request_with_speculative_rows(rng, NN):
+    """One request with MTP / DSpark rows (a single-stream speculative decode): the CUDA
+    path must run (its row-to-request map was a stride-0 view for B = 1, which the scorer op
+    refused until 2026-12-03) and select what the Triton scorer selects."""
+    H, bs, K = 64, 64, 48
+    c = _case(rng, B=1, NN=NN, H=H, bs=bs, ctxs=[700])
+    ctx = (torch.tensor([[700]]) - torch.arange(NN).flip(0).view(1, NN)).to(DEV)
+    q = c["qc"].view(1, NN, H, D).to(DEV)
+    w = c["w"].float().to(DEV)
+    outs = {}
+    for scorer in ("cuda", "triton"):
+        o = torch.full((NN, K), -7, dtype=torch.int32, device=DEV)
+        I.decode_topk(q, w, c["pages"], ctx, c["bt_dev"], bs, K, o, scorer=scorer)
+        outs[scorer] = o.cpu()
+    assert torch.equal(outs["cuda"], outs["triton"]) and (outs["cuda"] >= 0).all()
+
+
+@pytest.mark.parametrize("tile_budget", [None, 3 * 8 * 4096])
+@pytest.mark.parametrize("NN", [1, 6])
+def test_decode_topk_block_table_as_wide_as_max_model_len(rng, monkeypatch, NN, tile_budget):
+    """vLLM passes the whole block table (max_model_len wide) with every decode. The indices
+    must be those of a block table as wide as the longest context: with the row top-k reading
+    only each row's context (the default) and reading the whole row
+    (``$DEEPINFER_INDEXER_WINDOW=0``); with one column tile and with many (merges with the
+    running best). The pages past each context are zeros, as in vLLM's block table."""
+    B, H, bs, K = 3, 64, 64, 512
+    c = _random_paged(rng, B=B, NN=NN, H=H, bs=bs, ctx_max=3000, nan=False)
+    q = c["q"].view(B, NN, H, D)
+    ctx = c["hi"].view(B, NN)
+    wide_bt = torch.zeros(B, 4096, dtype=torch.int32, device=DEV)  # 262,144 columns
+    wide_bt[:, : c["maxb"]] = c["bt"]
+    kw = {} if tile_budget is None else dict(tile_budget=tile_budget)
+    outs = []
+    for bt, window in ((c["bt"], "1"), (wide_bt, "1"), (wide_bt, "0")):
+        monkeypatch.setenv("DEEPINFER_INDEXER_WINDOW", window)
+        o = torch.full((B * NN, K + 2), -7, dtype=torch.int32, device=DEV)
+        I.decode_topk(q, c["w"], c["pages"], ctx, bt, bs, K, o, scorer="cuda", **kw)
+        outs.append(o.cpu())
+    assert (outs[0][:, :K] >= 0).sum() > 0 and (outs[0][:, K:] == -7).all()
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
 def test_bad_arguments_raise():
     q = torch.zeros(2, 8, D, dtype=torch.uint8, device=DEV)
     args = dict(col0=0, n_cols=64, lo=torch.zeros(2, dtype=torch.int32, device=DEV),

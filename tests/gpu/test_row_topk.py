@@ -3,7 +3,8 @@ and ``row_topk_indices``, which writes their column indices; csrc/index/row_topk
 torch.topk on the same keys (and ``keys_to_indices`` of its values): equal, sorted, for the
 indexer's keys (unique per row, INT64_MIN for "no column") and for adversarial ones: ties in
 every score byte, more INT64_MIN keys than the kernel keeps in shared memory, rows shorter
-than k, strided rows, long rows."""
+than k, strided rows, long rows. With a visible window per row (``lo``, ``hi``, ``col0``,
+``prefix``): the same result as the whole row, and keys outside the window never read."""
 from __future__ import annotations
 
 import pytest
@@ -174,6 +175,94 @@ def test_strided_rows_and_long_rows(rng):
     assert keys.stride(0) == 3000
     _check(keys, 512)
     _check(_keys(torch.randn(2, 262144, generator=rng).to(DEV)), 512)
+
+
+def _windowed_row(rng, rows, n, col0, prefix, windows, drop=0.1):
+    """Keys [rows, prefix + n] as the indexer's merges see them: ``prefix`` keys of a running
+    best (other columns, some INT64_MIN), then the keys of columns col0 .. col0 + n - 1, which
+    are INT64_MIN outside each row's window [lo, hi) (as the scorers write them) and for a
+    fraction ``drop`` of the columns inside it."""
+    lo = torch.tensor([w[0] for w in windows], dtype=torch.int32)
+    hi = torch.tensor([w[1] for w in windows], dtype=torch.int32)
+    cols = col0 + torch.arange(n).unsqueeze(0)
+    valid = (cols >= lo.view(-1, 1)) & (cols < hi.view(-1, 1)) & (torch.rand(rows, n, generator=rng) >= drop)
+    tail = I.order_keys(torch.randn(rows, n, generator=rng), cols, valid)
+    pcols = col0 + n + torch.arange(prefix).unsqueeze(0)  # columns no window holds
+    head = I.order_keys(torch.randn(rows, prefix, generator=rng), pcols,
+                        torch.rand(rows, prefix, generator=rng) >= 0.2)
+    return torch.cat([head, tail], 1).to(DEV), lo.to(DEV), hi.to(DEV)
+
+
+# (n, col0, prefix): whole rows of a decode at max_model_len 1M (262,144 columns), a later column
+# tile merged with a running best of 512, a tile of columns far from 0, a staged-size row
+WINDOW_SHAPES = [(262144, 0, 0), (262144, 4096, 512), (6000, 70000, 0), (8192, 0, 1024)]
+
+
+@pytest.mark.parametrize("k", [7, 512, 1024])
+@pytest.mark.parametrize("n,col0,prefix", WINDOW_SHAPES)
+def test_windows_equal_whole_rows(rng, n, col0, prefix, k):
+    """With a window (lo, hi, col0, prefix) the kernel reads only the first ``prefix`` keys and
+    each row's window, and must give exactly what the whole row gives (and torch.topk): windows
+    that fit shared memory (up to 8,192 keys, and 8,193), longer ones read from global memory,
+    windows with fewer than k keys, empty ones (hi <= lo, before col0, past the last column),
+    and bounds beyond the row (clamped)."""
+    e = col0 + n
+    windows = [(col0, e), (col0, col0 + 2000), (col0 + n // 3, col0 + n // 3 + 9000),
+               (col0 + 5, col0 + 300), (col0 + 50, col0 + 50), (col0 + 60, col0 + 10),
+               (0, col0), (e, e + 100), (-1000, e + 1000), (col0 + 17, col0 + 17 + 8192),
+               (col0 + 1, col0 + 1 + 8193), (col0 + n - 700, col0 + n)]
+    keys, lo, hi = _windowed_row(rng, len(windows), n, col0, prefix, windows)
+    want = _want(keys, k)
+    got = OI.row_topk_keys(keys, k, lo=lo, hi=hi, col0=col0, prefix=prefix)
+    wide = torch.full((keys.shape[0] + 1, k + 3), -7, dtype=torch.int32, device=DEV)
+    OI.row_topk_indices(keys, k, out=wide, lo=lo, hi=hi, col0=col0, prefix=prefix)
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu(), want.cpu())
+    assert torch.equal(wide[: keys.shape[0], :k].cpu(), I.keys_to_indices(want).cpu())
+    assert bool((wide[:, k:] == -7).all()) and bool((wide[keys.shape[0]:] == -7).all())
+    assert torch.equal(OI.row_topk_keys(keys, k).cpu(), want.cpu())  # the whole rows
+    if prefix:  # the running best as its own tensor (no concatenated copy), rows strided
+        best = torch.full((keys.shape[0], prefix + 5), 3, dtype=torch.int64, device=DEV)
+        best[:, :prefix] = keys[:, :prefix]
+        tail = keys[:, prefix:].clone()
+        got_b = OI.row_topk_keys(tail, k, lo=lo, hi=hi, col0=col0, best=best[:, :prefix])
+        wide.fill_(-7)
+        OI.row_topk_indices(tail, k, out=wide, lo=lo, hi=hi, col0=col0, best=best[:, :prefix])
+        assert torch.equal(got_b.cpu(), want.cpu())
+        assert torch.equal(wide[: keys.shape[0], :k].cpu(), I.keys_to_indices(want).cpu())
+    if col0 == 0 and prefix == 0:  # lo omitted (0): windows [0, hi)
+        keys0, _, hi0 = _windowed_row(rng, 3, n, 0, 0, [(0, n), (0, 2000), (0, 9000)])
+        assert torch.equal(OI.row_topk_keys(keys0, k, hi=hi0).cpu(), _want(keys0, k).cpu())
+
+
+@pytest.mark.parametrize("k", [5, 512, 1024])
+def test_empty_window_behind_a_best_of_k(rng, k):
+    """A column tile past every context: the window is empty and ``best`` holds k keys. Sorted
+    (a previous top-k's output, with INT64_MIN padding) the kernel returns them as they are;
+    unsorted it must select and sort them; both as torch.topk."""
+    rows, n = 4, 3000
+    keys, lo, hi = _windowed_row(rng, rows, n, 10000, 0, [(0, 5000)] * rows)  # columns >= 10000
+    raw = I.order_keys(torch.randn(rows, k, generator=rng), torch.arange(k).unsqueeze(0) + 20000,
+                       torch.rand(rows, k, generator=rng) > 0.3).to(DEV)
+    for best in (_want(raw, k), raw):  # sorted, then as drawn
+        want = _want(best, k)
+        got = OI.row_topk_keys(keys, k, lo=lo, hi=hi, col0=10000, best=best)
+        idx = OI.row_topk_indices(keys, k, lo=lo, hi=hi, col0=10000, best=best)
+        assert torch.equal(got.cpu(), want.cpu())
+        assert torch.equal(idx.cpu(), I.keys_to_indices(want).cpu())
+
+
+def test_window_skips_the_keys_outside_it(rng):
+    """The window is a promise: keys outside it are not read. Non-INT64_MIN keys planted
+    outside every window must not appear in the result (they would, were the row read)."""
+    n, k = 20000, 64
+    keys, lo, hi = _windowed_row(rng, 2, n, 0, 0, [(100, 3000), (5000, 15000)])
+    planted = keys.clone()
+    top = (1 << 63) - 1 - torch.arange(100, device=DEV)  # larger than any score's key
+    planted[0, 3000:3100] = top
+    planted[1, :100] = top
+    got = OI.row_topk_keys(planted, k, lo=lo, hi=hi)
+    assert torch.equal(got.cpu(), _want(keys, k).cpu())
 
 
 def test_bad_arguments_raise():

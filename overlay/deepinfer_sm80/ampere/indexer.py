@@ -147,15 +147,34 @@ def _cuda_row_topk(scorer: str, t: torch.Tensor, k: int) -> bool:
     return cuda_indexer is not None and cuda_indexer.row_topk_available(k)
 
 
+def _window_kw(best: torch.Tensor | None, window) -> dict | None:
+    """The row top-k's arguments for the best of ``best`` U ``keys``: ``window`` = (lo or None,
+    hi, col0), the visible columns [lo, hi) of each row, ``keys``' first column being col0 (the
+    scorers write INT64_MIN outside them), and ``best`` passed as is (no concatenated copy).
+    None without a window or with ``$DEEPINFER_INDEXER_WINDOW=0`` (an A/B knob): the caller
+    then reads the whole of ``cat([best, keys])``."""
+    if window is None or os.environ.get("DEEPINFER_INDEXER_WINDOW", "1") == "0":
+        return None
+    lo, hi, col0 = window
+    kw = dict(lo=lo, hi=hi, col0=int(col0))
+    if best is not None:
+        kw["best"] = best
+    return kw
+
+
 def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
-               cuda_topk: bool = False) -> torch.Tensor:
+               cuda_topk: bool = False, window=None) -> torch.Tensor:
     """Best ``k`` keys of ``best`` U ``keys`` per row (descending). ``cuda_topk``: through the
-    extension's row top-k (the same values as torch.topk: the keys are a total order)."""
-    cat = keys if best is None else torch.cat([best, keys], dim=1)
+    extension's row top-k (the same values as torch.topk: the keys are a total order), reading
+    only ``best`` and each row's ``window`` of ``keys`` where given (``_window_kw``)."""
     if cuda_topk:
         from deepinfer_sm80.ops.indexer import row_topk_keys
 
-        return row_topk_keys(cat, k)
+        kw = _window_kw(best, window)
+        if kw is not None:
+            return row_topk_keys(keys, k, **kw)
+        return row_topk_keys(keys if best is None else torch.cat([best, keys], dim=1), k)
+    cat = keys if best is None else torch.cat([best, keys], dim=1)
     if cat.shape[1] < k:
         pad = torch.full((cat.shape[0], k - cat.shape[1]), INT64_MIN, dtype=cat.dtype,
                          device=cat.device)
@@ -164,15 +183,20 @@ def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
 
 
 def final_topk_into(out: torch.Tensor, best: torch.Tensor | None, keys: torch.Tensor, k: int,
-                    cuda_topk: bool = False) -> None:
+                    cuda_topk: bool = False, window=None) -> None:
     """The last merge: ``keys_to_indices(merge_topk(best, keys, k, cuda_topk))`` into
     ``out[:, :k]`` (int32, rows aligned with ``keys``). ``cuda_topk``: one kernel, the
     extension's row top-k writing the indices itself (no int64 top-k keys, no conversion and
-    copy kernels: a decode step's fixed cost) where ``out`` is int32 with contiguous rows."""
+    copy kernels: a decode step's fixed cost) where ``out`` is int32 with contiguous rows;
+    ``window`` as for :func:`merge_topk`."""
     if cuda_topk and out.dtype == torch.int32 and out.stride(1) == 1:
         from deepinfer_sm80.ops.indexer import row_topk_indices
 
-        row_topk_indices(keys if best is None else torch.cat([best, keys], dim=1), k, out=out)
+        kw = _window_kw(best, window)
+        if kw is not None:
+            row_topk_indices(keys, k, out=out, **kw)
+        else:
+            row_topk_indices(keys if best is None else torch.cat([best, keys], dim=1), k, out=out)
     else:
         out[:, :k] = keys_to_indices(merge_topk(best, keys, k))
 
@@ -351,10 +375,12 @@ def prefill_topk(
             if candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
+            # the scorers leave columns outside [ks, ke) at INT64_MIN: the top-k skips them
+            win = (ks32[r0:r1], ke32[r0:r1], t0) if cuda_topk else None
             if t1 < c_end:
-                best = merge_topk(best, keys, topk, cuda_topk)
+                best = merge_topk(best, keys, topk, cuda_topk, win)
             else:  # the chunk's last tile: its merge writes the indices
-                final_topk_into(out[r0:r1], best, keys, topk, cuda_topk)
+                final_topk_into(out[r0:r1], best, keys, topk, cuda_topk, win)
         if candidates is not None:
             candidates.finish()
     return out
@@ -457,8 +483,8 @@ def decode_topk(
         q_u8 = q_u8.reshape(rows, H, D)
         w32 = weights[:rows].to(torch.float32).contiguous()
         row_req = torch.arange(B, device=dev, dtype=torch.int32)
-        if NN > 1:
-            row_req = row_req.view(B, 1).expand(B, NN).reshape(rows)
+        if NN > 1:  # (contiguous: with B = 1 the reshape of the expand is a stride-0 view)
+            row_req = row_req.view(B, 1).expand(B, NN).reshape(rows).contiguous()
         lo = torch.zeros(rows, dtype=torch.int32, device=dev)
         bt32 = block_table.to(torch.int32)
         total = maxb * block_size
@@ -468,6 +494,10 @@ def decode_topk(
         # per request takes the rows kernel too where its grid covers the SMs
         rpr = decode_rows_per_req(NN, rows, min(tile, total), _sm_count(_cuda_index(dev))) if use_cuda else 0
         rows_kw = {"rows_per_req": rpr} if rpr else {}
+        # the windowed top-k reads only [0, hi) of each row: the scorer need not write INT64_MIN
+        # over the rest (V4.1's candidate step reads whole rows: it keeps the fill)
+        if cuda_topk and candidates is None and _window_kw(None, (None, hi, 0)) is not None:
+            rows_kw["fill"] = False
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
         for t0 in range(0, total, tile):
             t1 = min(total, t0 + tile)
@@ -476,10 +506,13 @@ def decode_topk(
                               block_size=block_size, **rows_kw)[:, : t1 - t0]
             if candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
+            # columns at or past a row's context are INT64_MIN (the block table spans
+            # max_model_len, a row its context): the top-k reads only [0, hi)
+            win = (None, hi, t0) if cuda_topk else None
             if t1 < total:
-                best = merge_topk(best, keys, topk, cuda_topk)
+                best = merge_topk(best, keys, topk, cuda_topk, win)
             else:  # the last tile: its merge writes the indices
-                final_topk_into(out[:rows], best, keys, topk, cuda_topk)
+                final_topk_into(out[:rows], best, keys, topk, cuda_topk, win)
         if candidates is not None:
             candidates.finish()
         return out

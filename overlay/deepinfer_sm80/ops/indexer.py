@@ -100,7 +100,8 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
                        lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor,
                        pages: torch.Tensor, block_table: torch.Tensor, row_req: torch.Tensor,
                        block_size: int, chunk: int = 0, sm_count: int | None = None,
-                       smem_cap: int | None = None, rows_per_req: int = 0) -> torch.Tensor:
+                       smem_cap: int | None = None, rows_per_req: int = 0,
+                       fill: bool = True) -> torch.Tensor:
     """Keys of columns [col0, col0 + n_cols) of every row into ``out`` [rows, >= n_cols]
     (int64); returns ``out``. ``q_u8`` uint8 [rows, heads, 128], ``w`` fp32 [rows, heads],
     ``pages`` the indexer cache ([num_pages, ...] bytes: block_size x 128 codes, then
@@ -113,7 +114,11 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     them (csrc/index/indexer_rows.cu); best when those rows share a request, correct in any
     order; the same keys, bit for bit. 1: that kernel with one row per block (Q in shared
     memory; faster than a warp per row once its grid covers the SMs:
-    ``ampere.indexer.decode_rows_per_req``). 0: a warp per row (csrc/index/indexer_keys.cu)."""
+    ``ampere.indexer.decode_rows_per_req``). 0: a warp per row (csrc/index/indexer_keys.cu).
+    ``fill=False``: columns outside the rows' windows [lo, hi) may be left unwritten (a warp
+    kernel's row: outside its window; a rows-kernel block: outside the union of its rows'
+    windows), for a caller that reads only the windows (``row_topk_*(..., hi=...)``); rows
+    without a valid request are written whole."""
     if not 0 <= int(rows_per_req) <= 8:
         raise ValueError(f"rows_per_req must be in [0, 8], got {rows_per_req}")
     dev, rows = _check_rows(q_u8, w, out)
@@ -128,9 +133,12 @@ def indexer_paged_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols
     for t, name in ((row_req, "row_req"), (lo, "lo"), (hi, "hi")):
         C.vector(t, name, dev, torch.int32, rows)
     _check_columns(col0, n_cols, chunk)
-    _ops().indexer_paged_keys(out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0),
-                              int(n_cols), int(block_size), int(chunk), int(sm_count or 0),
-                              int(smem_cap or 0), int(rows_per_req))
+    args = (out, q_u8, w, flat, block_table, row_req, lo, hi, int(col0), int(n_cols),
+            int(block_size), int(chunk), int(sm_count or 0), int(smem_cap or 0), int(rows_per_req))
+    if fill:  # (the call of builds before the fill flag, too)
+        _ops().indexer_paged_keys(*args)
+    else:
+        _ops().indexer_paged_keys(*args, False)
     return out
 
 
@@ -207,8 +215,17 @@ def row_topk_available(k: int) -> bool:
     return 1 <= k <= ROW_TOPK_MAX_K and _has_row_topk()
 
 
+def _window_bound(t: torch.Tensor, name: str, keys: torch.Tensor) -> None:
+    C.cuda_tensor(t, name, keys.device)
+    C.dtype(t, name, torch.int32)
+    if t.dim() != 1 or t.shape[0] < keys.shape[0] or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous int32 [>= rows] tensor (rows = "
+                         f"{keys.shape[0]}), got shape {tuple(t.shape)} strides {t.stride()}")
+
+
 def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch.dtype,
-              op: str) -> torch.Tensor:
+              op: str, lo: torch.Tensor | None = None, hi: torch.Tensor | None = None,
+              col0: int = 0, prefix: int = 0, best: torch.Tensor | None = None) -> torch.Tensor:
     C.cuda_tensor(keys, "keys")
     C.dtype(keys, "keys", torch.int64)
     C.dim(keys, "keys", 2, "[rows, n]")
@@ -224,23 +241,59 @@ def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch
     if out.shape[0] < keys.shape[0] or out.shape[1] < k or (out.numel() > 0 and out.stride(1) != 1):
         raise ValueError(f"out must be [>= {keys.shape[0]}, >= {k}] with a contiguous last dim, "
                          f"got shape {tuple(out.shape)} strides {out.stride()}")
-    getattr(_ops(), op)(out, keys, int(k))
+    if lo is not None and hi is None:
+        raise ValueError("lo needs hi (the window is [lo, hi))")
+    if not 0 <= prefix <= keys.shape[1]:
+        raise ValueError(f"prefix must be in [0, n = {keys.shape[1]}], got {prefix}")
+    if hi is not None:
+        _window_bound(hi, "hi", keys)
+    if lo is not None:
+        _window_bound(lo, "lo", keys)
+    if best is not None:
+        if hi is None or prefix:
+            raise ValueError("best needs hi and prefix = 0 (it is the prefix)")
+        C.cuda_tensor(best, "best", keys.device)
+        C.dtype(best, "best", torch.int64)
+        if best.dim() != 2 or best.shape[0] < keys.shape[0] or (best.numel() and best.stride(1) != 1):
+            raise ValueError(f"best must be int64 [>= {keys.shape[0]}, m] with a contiguous last "
+                             f"dim, got shape {tuple(best.shape)} strides {best.stride()}")
+    if hi is None:  # (the call of builds before the window, too)
+        getattr(_ops(), op)(out, keys, int(k))
+    elif best is None:
+        getattr(_ops(), op)(out, keys, int(k), lo, hi, int(col0), int(prefix))
+    else:
+        getattr(_ops(), op)(out, keys, int(k), lo, hi, int(col0), 0, best)
     return out
 
 
-def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None, *,
+                  lo: torch.Tensor | None = None, hi: torch.Tensor | None = None,
+                  col0: int = 0, prefix: int = 0, best: torch.Tensor | None = None) -> torch.Tensor:
     """The ``k`` largest int64 keys of each row, descending: equal to
     ``torch.topk(keys padded with INT64_MIN to >= k columns, k, sorted=True).values``
-    (csrc/index/row_topk.cu: radix select, then a sort of the k)."""
-    return _row_topk(keys, k, out, torch.int64, "row_topk_keys")
+    (csrc/index/row_topk.cu: radix select, then a sort of the k).
+
+    ``hi`` (and ``lo``), int32 [>= rows]: each row's visible window. The caller promises that
+    key ``j >= prefix`` of row ``r``, the key of column ``col0 + j - prefix``, is INT64_MIN
+    unless that column is in ``[lo[r], hi[r])`` (``lo`` None: 0), as the indexer's scorers write
+    them. The kernel then reads only the first ``prefix`` keys and the window's: the same result,
+    without reading a row as wide as the block table (a vLLM decode's columns span
+    ``max_model_len``, its rows only their context). ``best`` [>= rows, m] (with ``hi``, no
+    ``prefix``): a running best merged in front of ``keys``, which are then all window columns
+    (the top-k of ``cat([best, keys])`` without the copy)."""
+    return _row_topk(keys, k, out, torch.int64, "row_topk_keys", lo, hi, col0, prefix, best)
 
 
-def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None, *,
+                     lo: torch.Tensor | None = None, hi: torch.Tensor | None = None,
+                     col0: int = 0, prefix: int = 0, best: torch.Tensor | None = None) -> torch.Tensor:
     """The same top-k as :func:`row_topk_keys`, written as the int32 column indices the keys
     carry (``deepinfer_sm80.ampere.indexer.keys_to_indices``: -1 for INT64_MIN) into the first
     ``k`` columns of each row of ``out`` [>= rows, >= k] (rows may be strided): the indexer's
-    last merge and its index output in one kernel."""
-    return _row_topk(keys, k, out, torch.int32, "row_topk_indices")
+    last merge and its index output in one kernel. ``lo``, ``hi``, ``col0``, ``prefix``,
+    ``best``: the window, as for :func:`row_topk_keys`."""
+    return _row_topk(keys, k, out, torch.int32, "row_topk_indices", lo, hi, col0, prefix, best)
+
 
 
 __all__ = ["indexer_paged_keys", "indexer_flat_keys", "available", "flat_available", "supports",

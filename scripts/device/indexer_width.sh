@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The indexer's decode with a max_model_len-wide block table (bench/bench_indexer_width.py),
+# this tree's kernels against a base commit's in the same call (device tool).
+# Here:   scripts/device/ab.sh --pack BASE; make gpu-bundle; carry dist.
+# There:  bash scripts/device/indexer_width.sh
+# Builds this tree's extension and the base's (a second .so, chosen by $DEEPINFER_SM80_EXT),
+# runs the indexer GPU tests on the new build (WIDTH_TESTS=0 skips them), then, for base and
+# new: bench_indexer_width.py (base with $DEEPINFER_INDEXER_WINDOW=0: its row top-k has no
+# window) and, with WIDTH_KEYS=1, bench_indexer_keys.py --quick (the usual decode shapes, whose
+# block tables are as wide as their contexts). JSON and logs come back in $OUT.
+set -uo pipefail
+BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}
+[ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
+source "$(dirname "$0")/bundle_env.sh" width
+mkdir -p /tmp/ab-so
+cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || exit 1
+t0=$SECONDS
+mv csrc csrc-new && mkdir csrc-base && tar xzf "$BASE_TGZ" -C csrc-base && mv csrc-base/csrc csrc
+rm -rf build/ext
+.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+  --only-extra --target overlay -j "$(nproc)" > "$OUT/build-base.log" 2>&1 || { tail -30 "$OUT/build-base.log"; exit 1; }
+cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || exit 1
+rm -rf csrc && mv csrc-new csrc
+echo "=== base build ok ($((SECONDS - t0)) s)"
+export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+if [ "${WIDTH_TESTS:-1}" != 0 ]; then
+  t0=$SECONDS
+  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \
+    tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py \
+    > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  echo "indexer GPU tests (new): $(tail -1 "$OUT/gpu-tests.log") ($((SECONDS - t0)) s)"
+  grep -E "^FAILED|Error" "$OUT/gpu-tests.log" | head -20
+fi
+for v in base new; do
+  t0=$SECONDS
+  env_v=(); [ "$v" = base ] && env_v=(DEEPINFER_INDEXER_WINDOW=0)
+  env "${env_v[@]}" DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so \
+    DEEPINFER_BENCH_COMMAND="bash scripts/device/indexer_width.sh ($v build)" \
+    $PY bench/bench_indexer_width.py --no-doc --label "$v" > "$OUT/width-$v.log" 2>&1 || rc=1
+  echo "--- bench_indexer_width, $v ($((SECONDS - t0)) s)"
+  grep -E "^\||PASS|FAIL|Error" "$OUT/width-$v.log" | head -60
+  if [ "${WIDTH_KEYS:-0}" = 1 ]; then
+    env "${env_v[@]}" DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so \
+      $PY bench/bench_indexer_keys.py --quick --no-doc > "$OUT/keys-$v.log" 2>&1 || rc=1
+    echo "--- bench_indexer_keys --quick, $v"
+    grep -E "^\||FAIL|Error" "$OUT/keys-$v.log" | grep -E "decode_topk|scorer|top-k|FAIL|Error" | head -40
+  fi
+done
+find bench/results -name 'bench_indexer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+echo "indexer_width.sh rc=$rc"; exit $rc
