@@ -10,7 +10,9 @@ indices checked equal across the three:
 
 * ``narrow``: block table [B, ceil(ctx / 64)] (what the other benchmarks time);
 * ``wide, window``: block table [B, width / 64], pages past the context 0 (vLLM's zeros);
-* ``wide, whole rows``: the same, ``$DEEPINFER_INDEXER_WINDOW=0``.
+* ``wide, whole rows``: the same, ``$DEEPINFER_INDEXER_WINDOW=0``;
+* ``wide, window, one block per row``: the window without the row top-k's split launches for
+  long windows and few rows (``$DEEPINFER_ROW_TOPK_SPLIT=0``).
 
 Also the scorer alone over the narrow and the wide columns, and the row top-k alone over the
 wide keys with and without the window. Inputs as in bench_indexer_keys.py (random codes, fresh
@@ -34,8 +36,10 @@ from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 from deepinfer_sm80.ops import indexer as OI  # noqa: E402
 
 # (requests, rows per request, context in compressed positions, heads, block-table columns)
-# 262,144 columns: max_model_len 1,048,576 at compress ratio 4; 32,768: 131,072.
-SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 6, 2048, 64, 262144),
+# 262,144 columns: max_model_len 1,048,576 at compress ratio 4; 32,768: 131,072. Context 262,144:
+# a request 1M tokens long.
+SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 1, 262144, 64, 262144),
+          (1, 6, 65536, 64, 262144), (1, 6, 2048, 64, 262144),
           (8, 1, 8192, 64, 262144), (64, 1, 2048, 64, 262144), (1, 1, 2048, 64, 32768),
           (128, 1, 4096, 32, 32768)]
 QUICK = [(1, 1, 2048, 64, 262144), (64, 1, 2048, 64, 262144)]
@@ -48,21 +52,25 @@ def widen(s, B, width):
     return s
 
 
-def topk_call(s, B, NN, H, bt_key, window):
-    q4 = s["q"].view(B, NN, H, -1)
-
-    def run():
-        old = os.environ.get("DEEPINFER_INDEXER_WINDOW")
-        os.environ["DEEPINFER_INDEXER_WINDOW"] = window
-        try:
-            I.decode_topk(q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"],
-                          scorer="cuda")
-        finally:
-            if old is None:
-                os.environ.pop("DEEPINFER_INDEXER_WINDOW")
+def with_env(env: dict, fn):
+    """fn() with the environment variables ``env`` set (and restored after)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k)
             else:
-                os.environ["DEEPINFER_INDEXER_WINDOW"] = old
-    return run
+                os.environ[k] = v
+
+
+def topk_call(s, B, NN, H, bt_key, window, split="1"):
+    q4 = s["q"].view(B, NN, H, -1)
+    env = {"DEEPINFER_INDEXER_WINDOW": window, "DEEPINFER_ROW_TOPK_SPLIT": split}
+    return lambda: with_env(env, lambda: I.decode_topk(
+        q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"], scorer="cuda"))
 
 
 def main(argv=None) -> int:
@@ -95,20 +103,21 @@ def main(argv=None) -> int:
         sets = [widen(make_set(B, NN, ctx, H, g), B, width)
                 for _ in range(common.rotation_count(per_set, max_sets=6))]
         s0 = sets[0]
-        variants = [("wide, whole rows", "bt_wide", "0"), ("wide, window", "bt_wide", "1"),
-                    ("narrow", "bt", "0" if whole_only else "1")]
+        variants = [("wide, whole rows", "bt_wide", "0", "1"), ("wide, window", "bt_wide", "1", "1"),
+                    ("wide, window, one block per row", "bt_wide", "1", "0"),
+                    ("narrow", "bt", "0" if whole_only else "1", "1")]
         if whole_only:
-            variants = [v for v in variants if v[0] != "wide, window"]
+            variants = [v for v in variants if not v[0].startswith("wide, window")]
         got = {}
-        for name, bt_key, window in variants:
+        for name, bt_key, window, split in variants:
             s0["idx"].fill_(-7)
-            topk_call(s0, B, NN, H, bt_key, window)()
+            topk_call(s0, B, NN, H, bt_key, window, split)()
             got[name] = s0["idx"].clone()
         report.check(f"{shape}: the same indices with the wide table",
                      all(torch.equal(v, got["narrow"]) for v in got.values()))
         times = {}
-        for name, bt_key, window in variants:
-            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window) for s in sets],
+        for name, bt_key, window, split in variants:
+            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split) for s in sets],
                                   min_calls=common.CALLS_PER_REPLAY)
             times[name] = t.median_us
             report.add(what="decode_topk", shape=shape, impl=lbl + name, median_us=t.median_us,
@@ -136,15 +145,18 @@ def main(argv=None) -> int:
                 keys = buf
                 mk(s0)()
                 want = OI.row_topk_keys(keys, TOPK)
-                kinds = [("whole rows", {})]
+                kinds = [("whole rows", {}, "1")]
                 if not whole_only:
                     report.check(f"{shape}: row top-k with the window equals whole rows",
                                  torch.equal(OI.row_topk_keys(keys, TOPK, hi=s0["hi"]), want))
-                    kinds.append(("window", {"hi": s0["hi"]}))
+                    kinds += [("window", {"hi": s0["hi"]}, "1"),
+                              ("window, one block per row", {"hi": s0["hi"]}, "0")]
                 t_whole = None
-                for impl, kw in kinds:
+                for impl, kw, split in kinds:
                     out = torch.empty(rows, TOPK, dtype=torch.int64, device="cuda")
-                    t = common.graph_time([lambda kw=kw, out=out: OI.row_topk_keys(keys, TOPK, out=out, **kw)],
+                    env = {"DEEPINFER_ROW_TOPK_SPLIT": split}
+                    t = common.graph_time([lambda kw=kw, out=out, env=env: with_env(
+                        env, lambda: OI.row_topk_keys(keys, TOPK, out=out, **kw))],
                                           min_calls=common.CALLS_PER_REPLAY)
                     t_whole = t.median_us if t_whole is None else t_whole
                     report.add(what=f"row top-k of the first tile's keys ({n_tile} columns)",

@@ -224,7 +224,15 @@ void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indice
       p.n += p.win_prefix;  // the kernel's n counts the prefix too
     }
   }
-  launch_row_topk(p, api::stream());
+  // long windows and few rows: two launches, chunks of each row first (RowTopkParams::split_*)
+  at::Tensor ws;
+  RowTopkSplit split;
+  split.blocks = row_topk_split_blocks(p, api::limits(dev.index(), 0).sm_count);
+  if (split.blocks > 0) {
+    ws = at::empty({p.rows, split.blocks, p.k}, keys.options());
+    split.ws = ws.data_ptr<int64_t>();
+  }
+  launch_row_topk(p, api::stream(), split);
   api::check_launch();
 }
 

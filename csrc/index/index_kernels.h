@@ -154,7 +154,21 @@ struct RowTopkParams {
                                   // more than k) are staged in shared memory
 };
 constexpr int kRowTopkMaxK = 1024;
-void launch_row_topk(const RowTopkParams& p, cudaStream_t stream);
+// The split launches (row_topk_split_blocks > 0: windows without a prefix, rows longer than
+// shared memory holds, at most a quarter as many rows as SMs): a first launch takes each row's window in `blocks`
+// chunks (of the staged row length), one block each, and writes each chunk's top-k keys to ws
+// [rows, blocks, k]; a second takes the top-k of a row's chunk results. A window of at most one
+// chunk is done whole by the first launch. Same result: the k largest keys of a row are among
+// the k largest of its chunks. (Its own argument: growing RowTopkParams changed the code ptxas
+// makes of the one-launch kernel, 36 -> 26 unrolled key loads on sm_90, slower.)
+struct RowTopkSplit {
+  int64_t* ws = nullptr;
+  int blocks = 0;
+};
+// Chunks per row of the split launches for p (its window set) on a device of sm_count SMs, 0:
+// one launch. $DEEPINFER_ROW_TOPK_SPLIT=0: always 0.
+int row_topk_split_blocks(const RowTopkParams& p, int sm_count);
+void launch_row_topk(const RowTopkParams& p, cudaStream_t stream, const RowTopkSplit& split = {});
 
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim, cudaStream_t stream);

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "common/env_knob.h"
 #include "index/index_kernels.h"
 
 namespace deepinfer_sm80 {
@@ -147,9 +148,10 @@ __device__ __forceinline__ void bitonic_desc(uint64_t (&v)[kPer], uint64_t* sel,
 // kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2. kHead: the
 // row is read in two segments (a prefix, then the window: win_prefix > 0); otherwise key i is
 // one pointer's element i, as without a window (the loads of the passes keep their form).
-template <int kPer, bool kHead>
-__global__ void __launch_bounds__(kThreads)
-row_topk_kernel(const RowTopkParams p) {
+// kSplit: 0 one launch; 1 and 2 the split launches (RowTopkSplit), kHead false.
+template <int kPer, bool kHead, int kSplit>
+__device__ __forceinline__ void row_topk_body(const RowTopkParams& p, const RowTopkSplit& sp) {
+  static_assert(kSplit == 0 || !kHead, "split launches read windows without a prefix");
   __shared__ int hist[256];
   __shared__ int s_need, s_digit, s_count, s_n;
   // [pow2 >= k] selection, then [kCand] candidates or (staged rows) the row's n keys
@@ -178,6 +180,26 @@ row_topk_kernel(const RowTopkParams p) {
     b = b < a ? a : (b > span ? span : b);
     tail = win_cols + a;
     n = pre + static_cast<int>(b - a);
+  }
+  int64_t* ws_out = nullptr;  // split launch 1: this chunk's top-k keys go here
+  if constexpr (kSplit != 0) {  // the split launches over a long window (pre is 0)
+    const int w = n, S = kStageMax;  // chunks staged in shared memory
+    const int chunks = (w + S - 1) / S;  // chunks with keys
+    if constexpr (kSplit == 1) {
+      const int c = blockIdx.y;
+      if (chunks > 1) {  // chunk c's top-k keys to the workspace
+        if (c >= chunks) return;
+        tail += static_cast<int64_t>(c) * S;
+        n = min(S, w - c * S);
+        ws_out = sp.ws + (static_cast<int64_t>(row) * sp.blocks + c) * p.k;
+      } else if (c != 0) {
+        return;  // block 0 takes the whole (short) window
+      }
+    } else {
+      if (chunks <= 1) return;  // done by the first launch
+      tail = sp.ws + static_cast<int64_t>(row) * sp.blocks * p.k;
+      n = chunks * p.k;
+    }
   }
   auto key_at = [&](int i) -> uint64_t {
     if constexpr (kHead) {
@@ -340,6 +362,16 @@ row_topk_kernel(const RowTopkParams p) {
     v[r] = i < sel_n ? sel[i] : 0;
   }
   bitonic_desc<kPer>(v, sel, sel_n, tid);
+  if constexpr (kSplit == 1) {
+    if (ws_out != nullptr) {  // a chunk's keys, for the second launch
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const int i = tid + r * kThreads;
+        if (i < k) ws_out[i] = static_cast<int64_t>(v[r] ^ kSign);
+      }
+      return;
+    }
+  }
   if (p.out_idx != nullptr) {  // the keys' column indices (keys_to_indices), -1 for INT64_MIN
     int32_t* out = p.out_idx + static_cast<int64_t>(row) * p.out_stride;
 #pragma unroll
@@ -360,6 +392,17 @@ row_topk_kernel(const RowTopkParams p) {
   }
 }
 
+template <int kPer, bool kHead>
+__global__ void __launch_bounds__(kThreads) row_topk_kernel(const RowTopkParams p) {
+  row_topk_body<kPer, kHead, 0>(p, RowTopkSplit{});
+}
+
+template <int kPer, int kSplit>
+__global__ void __launch_bounds__(kThreads) row_topk_split_kernel(const RowTopkParams p,
+                                                                  const RowTopkSplit sp) {
+  row_topk_body<kPer, false, kSplit>(p, sp);
+}
+
 // Dynamic shared memory: the selection (pow2 >= k keys), then kCand candidates or a staged row
 // of up to stage_max keys.
 int row_topk_smem_bytes(int k, int stage_max) {
@@ -369,16 +412,24 @@ int row_topk_smem_bytes(int k, int stage_max) {
 
 }  // namespace
 
-void launch_row_topk(const RowTopkParams& params, cudaStream_t stream) {
+void launch_row_topk(const RowTopkParams& params, cudaStream_t stream, const RowTopkSplit& split) {
   if (params.rows <= 0 || params.k <= 0) return;
   RowTopkParams p = params;
   static const bool can_stage = [] {  // beyond 48 KB of dynamic shared memory, once
     const int bytes = row_topk_smem_bytes(kRowTopkMaxK, kStageMax);
     const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    return cudaFuncSetAttribute(row_topk_kernel<1, false>, attr, bytes) == cudaSuccess &&
-           cudaFuncSetAttribute(row_topk_kernel<2, false>, attr, bytes) == cudaSuccess &&
-           cudaFuncSetAttribute(row_topk_kernel<1, true>, attr, bytes) == cudaSuccess &&
-           cudaFuncSetAttribute(row_topk_kernel<2, true>, attr, bytes) == cudaSuccess;
+    bool ok = true;
+    for (const void* f : {reinterpret_cast<const void*>(row_topk_kernel<1, false>),
+                          reinterpret_cast<const void*>(row_topk_kernel<2, false>),
+                          reinterpret_cast<const void*>(row_topk_kernel<1, true>),
+                          reinterpret_cast<const void*>(row_topk_kernel<2, true>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<1, 1>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<2, 1>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<1, 2>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<2, 2>)}) {
+      ok = ok && cudaFuncSetAttribute(f, attr, bytes) == cudaSuccess;
+    }
+    return ok;
   }();
   if (p.win_hi == nullptr) {  // every row has p.n keys
     p.stage_max = can_stage && p.n > p.k && p.n <= kStageMax ? p.n : 0;
@@ -389,11 +440,28 @@ void launch_row_topk(const RowTopkParams& params, cudaStream_t stream) {
                        ? (pow2_at_least(p.k) + p.stage_max) * static_cast<int>(sizeof(uint64_t))
                        : row_topk_smem_bytes(p.k, p.stage_max);
   const bool head = p.win_hi != nullptr && p.win_prefix > 0;
-  if (pow2_at_least(p.k) <= kThreads) {
-    (head ? row_topk_kernel<1, true> : row_topk_kernel<1, false>)<<<p.rows, kThreads, smem, stream>>>(p);
-  } else {
-    (head ? row_topk_kernel<2, true> : row_topk_kernel<2, false>)<<<p.rows, kThreads, smem, stream>>>(p);
+  const bool one = pow2_at_least(p.k) <= kThreads;
+  if (split.blocks > 0 && split.ws != nullptr && !head && p.win_hi != nullptr) {
+    const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(split.blocks));
+    (one ? row_topk_split_kernel<1, 1> : row_topk_split_kernel<2, 1>)<<<grid, kThreads, smem, stream>>>(p, split);
+    (one ? row_topk_split_kernel<1, 2> : row_topk_split_kernel<2, 2>)<<<p.rows, kThreads, smem, stream>>>(p, split);
+    return;
   }
+  const auto kernel = one ? (head ? row_topk_kernel<1, true> : row_topk_kernel<1, false>)
+                          : (head ? row_topk_kernel<2, true> : row_topk_kernel<2, false>);
+  kernel<<<p.rows, kThreads, smem, stream>>>(p);
+}
+
+int row_topk_split_blocks(const RowTopkParams& p, int sm_count) {
+  if (p.win_hi == nullptr || p.win_prefix > 0 || p.win_head != nullptr) return 0;  // windows only
+  // Rows longer than shared memory holds, and few enough rows that one block per row leaves
+  // most SMs idle: at most a quarter as many as SMs. (H200, 2026-12-03 07:41 UTC: split, 1 x 1M
+  // keys 124 -> 30.3 us, but 128 rows of 4,096 visible keys 9.81 -> 13.0 us and 64 of 2,048
+  // 7.66 -> 9.11 us, where one block per row already fills the GPU.)
+  if (p.n <= kStageMax || p.rows <= 0 || 4 * p.rows > sm_count) return 0;
+  if (knob_off("DEEPINFER_ROW_TOPK_SPLIT")) return 0;
+  const int64_t chunks = (static_cast<int64_t>(p.n) + kStageMax - 1) / kStageMax;
+  return chunks <= 65535 ? static_cast<int>(chunks) : 0;  // grid.y
 }
 
 }  // namespace deepinfer_sm80

@@ -198,14 +198,19 @@ def _windowed_row(rng, rows, n, col0, prefix, windows, drop=0.1):
 WINDOW_SHAPES = [(262144, 0, 0), (262144, 4096, 512), (6000, 70000, 0), (8192, 0, 1024)]
 
 
+@pytest.mark.parametrize("split", ["1", "0"])
 @pytest.mark.parametrize("k", [7, 512, 1024])
 @pytest.mark.parametrize("n,col0,prefix", WINDOW_SHAPES)
-def test_windows_equal_whole_rows(rng, n, col0, prefix, k):
+def test_windows_equal_whole_rows(rng, monkeypatch, n, col0, prefix, k, split):
     """With a window (lo, hi, col0, prefix) the kernel reads only the first ``prefix`` keys and
     each row's window, and must give exactly what the whole row gives (and torch.topk): windows
     that fit shared memory (up to 8,192 keys, and 8,193), longer ones read from global memory,
     windows with fewer than k keys, empty ones (hi <= lo, before col0, past the last column),
-    and bounds beyond the row (clamped)."""
+    and bounds beyond the row (clamped). Rows longer than shared memory holds, with no prefix
+    and at most a quarter as many rows as SMs (12 here), take the split launches (chunks of
+    8,192 keys, then their results); ``$DEEPINFER_ROW_TOPK_SPLIT=0`` (split "0") one block per
+    row."""
+    monkeypatch.setenv("DEEPINFER_ROW_TOPK_SPLIT", split)
     e = col0 + n
     windows = [(col0, e), (col0, col0 + 2000), (col0 + n // 3, col0 + n // 3 + 9000),
                (col0 + 5, col0 + 300), (col0 + 50, col0 + 50), (col0 + 60, col0 + 10),
