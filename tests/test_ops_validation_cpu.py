@@ -329,3 +329,21 @@ def test_indexer_flat_scorer_choice():
     assert I._use_cuda_flat("torch", q, k) is False
     with pytest.raises(ValueError, match="scorer='cuda' needs CUDA tensors"):
         I._use_cuda_flat("cuda", q, k)
+
+
+def test_op_takes_reads_the_loaded_schema(monkeypatch):
+    """``op_takes`` answers from the loaded extension's schema, so an extension built before the
+    row top-k's window (or the scorer's fill flag) keeps the whole-row calls instead of failing:
+    here two stand-in libraries with the new and the old schemas."""
+    new = torch.library.Library("dsm80_probe_new", "DEF")
+    new.define("row_topk_keys(Tensor(a!) out, Tensor keys, int k, Tensor? lo=None, "
+               "Tensor? hi=None, int col0=0, int prefix=0, Tensor? best=None) -> ()")
+    old = torch.library.Library("dsm80_probe_old", "DEF")
+    old.define("row_topk_keys(Tensor(a!) out, Tensor keys, int k) -> ()")
+    for ns, want in (("dsm80_probe_new", True), ("dsm80_probe_old", False)):
+        ops_indexer.op_takes.cache_clear()
+        monkeypatch.setattr(ops_indexer, "_ops", lambda ns=ns: getattr(torch.ops, ns))
+        assert ops_indexer.op_takes("row_topk_keys", "best") is want
+        assert ops_indexer.op_takes("row_topk_keys", "keys") is True
+        assert ops_indexer.op_takes("no_such_op", "keys") is False
+    ops_indexer.op_takes.cache_clear()

@@ -270,6 +270,13 @@ def test_window_skips_the_keys_outside_it(rng):
     assert torch.equal(got.cpu(), _want(keys, k).cpu())
 
 
+def test_the_built_extension_takes_the_window_and_the_fill():
+    """decode_topk uses the window and the scorer's fill flag only where the loaded extension's
+    schemas have them (``op_takes``; an older build keeps whole rows); this tree's build must."""
+    assert OI.op_takes("row_topk_keys", "best") and OI.op_takes("row_topk_indices", "hi")
+    assert OI.op_takes("indexer_paged_keys", "fill")
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="k must be in"):
         OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int64, device=DEV), 2048)

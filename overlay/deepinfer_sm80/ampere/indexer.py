@@ -155,6 +155,9 @@ def _window_kw(best: torch.Tensor | None, window) -> dict | None:
     then reads the whole of ``cat([best, keys])``."""
     if window is None or os.environ.get("DEEPINFER_INDEXER_WINDOW", "1") == "0":
         return None
+    cuda_indexer = _cuda_indexer()
+    if cuda_indexer is None or not cuda_indexer.op_takes("row_topk_keys", "best"):
+        return None  # an extension built before the window: whole rows, as it did
     lo, hi, col0 = window
     kw = dict(lo=lo, hi=hi, col0=int(col0))
     if best is not None:
@@ -496,7 +499,8 @@ def decode_topk(
         rows_kw = {"rows_per_req": rpr} if rpr else {}
         # the windowed top-k reads only [0, hi) of each row: the scorer need not write INT64_MIN
         # over the rest (V4.1's candidate step reads whole rows: it keeps the fill)
-        if cuda_topk and candidates is None and _window_kw(None, (None, hi, 0)) is not None:
+        if (cuda_topk and candidates is None and _window_kw(None, (None, hi, 0)) is not None
+                and _cuda_indexer().op_takes("indexer_paged_keys", "fill")):
             rows_kw["fill"] = False
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
         for t0 in range(0, total, tile):

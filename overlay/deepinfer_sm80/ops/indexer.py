@@ -210,6 +210,16 @@ def _has_row_topk() -> bool:
         return False
 
 
+@functools.cache
+def op_takes(op: str, arg: str) -> bool:
+    """True when the loaded extension's ``op`` has an argument ``arg`` (a build older than the
+    overlay may lack one: the row top-k's window, the scorer's ``fill``)."""
+    try:
+        return any(a.name == arg for a in getattr(_ops(), op).default._schema.arguments)
+    except (AttributeError, ImportError, OSError, RuntimeError):
+        return False
+
+
 def row_topk_available(k: int) -> bool:
     """True when the extension has the row top-k op and ``k`` is within its limit."""
     return 1 <= k <= ROW_TOPK_MAX_K and _has_row_topk()
@@ -297,4 +307,4 @@ def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None
 
 
 __all__ = ["indexer_paged_keys", "indexer_flat_keys", "available", "flat_available", "supports",
-           "flat_pages", "row_topk_keys", "row_topk_indices", "row_topk_available"]
+           "flat_pages", "row_topk_keys", "row_topk_indices", "row_topk_available", "op_takes"]
