@@ -571,13 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in report.rows:
             if row.get("gbps") is not None:
                 row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
-    path = report.write_json()
-    print(f"results: {path}")
-    if not args.no_doc:
-        print(f"markdown: {report.write_markdown()}")
-    report.print_table()
-    bad = [c for c in report.checks if not c["ok"]]
-    return 1 if (bad or failed) else 0
+    return 1 if (report.finish(not args.no_doc) or failed) else 0
 
 
 if __name__ == "__main__":

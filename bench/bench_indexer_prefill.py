@@ -175,12 +175,7 @@ def main(argv=None) -> int:
             print(report.rows[-1], flush=True)
         k = ks = q = w = outs = None  # drop the tensors (step()'s closures use them)
         torch.cuda.empty_cache()
-    path = report.write_json()
-    print(f"results: {path}")
-    if not args.no_doc:
-        print(f"markdown: {report.write_markdown()}")
-    report.print_table()
-    return 1 if any(not c["ok"] for c in report.checks) else 0
+    return report.finish(not args.no_doc)
 
 
 if __name__ == "__main__":

@@ -371,3 +371,13 @@ class Report:
 
     def print_table(self) -> None:
         print(self.markdown(), flush=True)
+
+    def finish(self, write_doc: bool = True, *, results_dir: Path = RESULTS_DIR,
+               doc: Path = BENCH_DOC) -> int:
+        """A benchmark script's end: the JSON, the markdown section (unless ``write_doc`` is
+        false: ``--no-doc``), the table; returns the exit status, 1 when a check failed."""
+        print(f"results: {self.write_json(results_dir)}")
+        if write_doc:
+            print(f"markdown: {self.write_markdown(doc)}")
+        self.print_table()
+        return 1 if any(not c["ok"] for c in self.checks) else 0

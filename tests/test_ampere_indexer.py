@@ -155,3 +155,42 @@ def test_prefill_candidate_mask_matches_oracle(row_chunk):
 @pytest.mark.parametrize("write", [True, False])
 def test_decode_candidates_match_oracle(write):
     check_decode_candidates("cpu", write)
+
+
+def test_cuda_merges_pass_the_window_and_best_or_concatenate(monkeypatch):
+    """The CUDA merges' operands (``_topk_operands``): with a window and an extension whose
+    schema has it, ``keys`` plus lo / hi / col0 and ``best`` as is; without a window, with
+    ``$DEEPINFER_INDEXER_WINDOW=0`` or with an older extension, ``cat([best, keys])`` alone.
+    (A stand-in records the calls; the kernels are tested in tests/gpu.)"""
+    from deepinfer_sm80.ops import indexer as OI
+
+    takes = {"v": True}
+
+    class Ext:
+        @staticmethod
+        def op_takes(op, arg):
+            return takes["v"]
+
+    calls = []
+    monkeypatch.setattr(I, "_cuda_indexer", lambda: Ext)
+    monkeypatch.setattr(OI, "row_topk_keys", lambda keys, k, out=None, **kw: calls.append(
+        ("keys", tuple(keys.shape), kw)) or keys[:, :k])
+    monkeypatch.setattr(OI, "row_topk_indices", lambda keys, k, out=None, **kw: calls.append(
+        ("indices", tuple(keys.shape), kw)))
+    monkeypatch.delenv("DEEPINFER_INDEXER_WINDOW", raising=False)
+    best = torch.zeros(2, 3, dtype=torch.int64)
+    keys = torch.ones(2, 5, dtype=torch.int64)
+    hi = torch.tensor([1, 2], dtype=torch.int32)
+    out = torch.zeros(2, 3, dtype=torch.int32)
+    I.merge_topk(best, keys, 3, True, (None, hi, 7))
+    I.final_topk_into(out, None, keys, 3, True, (None, hi, 7))
+    I.merge_topk(best, keys, 3, True)
+    monkeypatch.setenv("DEEPINFER_INDEXER_WINDOW", "0")
+    I.final_topk_into(out, best, keys, 3, True, (None, hi, 7))
+    monkeypatch.delenv("DEEPINFER_INDEXER_WINDOW")
+    takes["v"] = False
+    I.merge_topk(best, keys, 3, True, (None, hi, 7))
+    assert [(c[0], c[1], sorted(c[2])) for c in calls] == [
+        ("keys", (2, 5), ["best", "col0", "hi", "lo"]), ("indices", (2, 5), ["col0", "hi", "lo"]),
+        ("keys", (2, 8), []), ("indices", (2, 8), []), ("keys", (2, 8), [])]
+    assert calls[0][2]["best"] is best and calls[0][2]["hi"] is hi and calls[0][2]["col0"] == 7

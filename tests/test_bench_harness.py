@@ -81,6 +81,21 @@ def test_report_json_and_markdown_section(common, tmp_path, monkeypatch):
     assert data["meta"]["environment"] == {} and "Set for this run" not in text
 
 
+def test_report_finish_writes_both_and_returns_the_exit_status(common, tmp_path, capsys):
+    """``finish``: the JSON always, the markdown section unless ``write_doc`` is false (the
+    scripts' --no-doc), the table printed; 1 when a check failed, 0 when all passed."""
+    r = common.Report(name="fin", title="Finish", columns=["k"])
+    r.add(k="a")
+    r.check("fine", True)
+    doc = tmp_path / "b.md"
+    assert r.finish(False, results_dir=tmp_path / "res", doc=doc) == 0
+    assert len(list((tmp_path / "res").glob("fin_*.json"))) == 1 and not doc.exists()
+    assert "| a |" in capsys.readouterr().out
+    r.check("broken", False)
+    assert r.finish(True, results_dir=tmp_path / "res", doc=doc) == 1
+    assert "<!-- BEGIN fin -->" in doc.read_text()
+
+
 def test_report_records_knobs_of_the_run(common, monkeypatch):
     """A run under a kernel knob or another extension build says so (JSON and markdown)."""
     for k in [k for k in os.environ if k.startswith("DEEPINFER_")]:

@@ -33,17 +33,7 @@ source "$(dirname "$0")/bundle_env.sh" ab
 ab_variant() {  # bundle_env's variant, plus so: the .so the variant runs on
   variant "$1"; so=/tmp/ab-so/new.so; [ "$name" = base ] && so=/tmp/ab-so/base.so
 }
-mkdir -p /tmp/ab-so
-cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || exit 1
-t0=$SECONDS
-mv csrc csrc-new && mkdir csrc-base && tar xzf "$BASE_TGZ" -C csrc-base && mv csrc-base/csrc csrc
-rm -rf build/ext
-.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
-  --only-extra --target overlay -j "$(nproc)" > "$OUT/build-base.log" 2>&1 || { tail -30 "$OUT/build-base.log"; exit 1; }
-cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || exit 1
-rm -rf csrc && mv csrc-new csrc
-echo "=== base build ok ($((SECONDS - t0)) s)"
-export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+build_ab_pair "$BASE_TGZ" || exit 1
 if [ "${AB_BENCH:-attention}" = topk ]; then
   timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py \
     > "$OUT/tests-topk.log" 2>&1 || rc=1

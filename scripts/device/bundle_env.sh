@@ -30,3 +30,19 @@ rc=0
 variant() {  # variant NAME=ENV=VAL,ENV=VAL: sets name and envs (space-separated) for `env $envs ...`
   name=${1%%=*}; envs=""; [ "$name" != "$1" ] && envs=${1#*=}; envs=${envs//,/ }
 }
+# build_ab_pair TGZ (same-run A/Bs: ab.sh, indexer_width.sh): the extension just built (this
+# tree's) to /tmp/ab-so/new.so, the csrc packed in TGZ (`scripts/device/ab.sh --pack BASE`) built
+# into /tmp/ab-so/base.so (log $OUT/build-base.log); $DEEPINFER_SM80_EXT then picks new.so.
+build_ab_pair() {
+  local tgz=$1 t0=$SECONDS
+  mkdir -p /tmp/ab-so
+  cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || return 1
+  mv csrc csrc-new && mkdir csrc-base && tar xzf "$tgz" -C csrc-base && mv csrc-base/csrc csrc || return 1
+  rm -rf build/ext
+  .venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
+    --only-extra --target overlay -j "$(nproc)" > "$OUT/build-base.log" 2>&1 || { tail -30 "$OUT/build-base.log"; return 1; }
+  cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || return 1
+  rm -rf csrc && mv csrc-new csrc
+  echo "=== base build ok ($((SECONDS - t0)) s)"
+  export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+}

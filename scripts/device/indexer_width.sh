@@ -12,17 +12,7 @@ set -uo pipefail
 BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
 source "$(dirname "$0")/bundle_env.sh" width
-mkdir -p /tmp/ab-so
-cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/new.so || exit 1
-t0=$SECONDS
-mv csrc csrc-new && mkdir csrc-base && tar xzf "$BASE_TGZ" -C csrc-base && mv csrc-base/csrc csrc
-rm -rf build/ext
-.venv/bin/python -m deepinfer.build build --archs 8.0 --extra-gencode compute_80:sm_90 \
-  --only-extra --target overlay -j "$(nproc)" > "$OUT/build-base.log" 2>&1 || { tail -30 "$OUT/build-base.log"; exit 1; }
-cp overlay/deepinfer_sm80/_C*.so /tmp/ab-so/base.so || exit 1
-rm -rf csrc && mv csrc-new csrc
-echo "=== base build ok ($((SECONDS - t0)) s)"
-export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
+build_ab_pair "$BASE_TGZ" || exit 1
 if [ "${WIDTH_TESTS:-1}" != 0 ]; then
   t0=$SECONDS
   timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \

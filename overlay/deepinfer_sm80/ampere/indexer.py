@@ -147,36 +147,41 @@ def _cuda_row_topk(scorer: str, t: torch.Tensor, k: int) -> bool:
     return cuda_indexer is not None and cuda_indexer.row_topk_available(k)
 
 
-def _window_kw(best: torch.Tensor | None, window) -> dict | None:
-    """The row top-k's arguments for the best of ``best`` U ``keys``: ``window`` = (lo or None,
-    hi, col0), the visible columns [lo, hi) of each row, ``keys``' first column being col0 (the
-    scorers write INT64_MIN outside them), and ``best`` passed as is (no concatenated copy).
-    None without a window or with ``$DEEPINFER_INDEXER_WINDOW=0`` (an A/B knob): the caller
-    then reads the whole of ``cat([best, keys])``."""
-    if window is None or os.environ.get("DEEPINFER_INDEXER_WINDOW", "1") == "0":
-        return None
+def _windows_on() -> bool:
+    """The row top-k reads only the rows' windows: not with ``$DEEPINFER_INDEXER_WINDOW=0`` (an
+    A/B knob), nor with an extension built before the window (its schema lacks it), which then
+    keeps reading whole rows."""
+    if os.environ.get("DEEPINFER_INDEXER_WINDOW", "1") == "0":
+        return False
     cuda_indexer = _cuda_indexer()
-    if cuda_indexer is None or not cuda_indexer.op_takes("row_topk_keys", "best"):
-        return None  # an extension built before the window: whole rows, as it did
-    lo, hi, col0 = window
-    kw = dict(lo=lo, hi=hi, col0=int(col0))
-    if best is not None:
-        kw["best"] = best
-    return kw
+    return cuda_indexer is not None and cuda_indexer.op_takes("row_topk_keys", "best")
+
+
+def _topk_operands(best: torch.Tensor | None, keys: torch.Tensor, window) -> tuple[torch.Tensor, dict]:
+    """What the extension's row top-k reads for the best of ``best`` U ``keys``: ``keys`` with
+    the window arguments and ``best`` as is (no concatenated copy), where ``window`` = (lo or
+    None, hi, col0) is given (the visible columns [lo, hi) of each row, ``keys``' first column
+    being col0; the scorers write INT64_MIN outside them) and windows are on; else
+    ``cat([best, keys])``, read whole."""
+    if window is not None and _windows_on():
+        lo, hi, col0 = window
+        kw = dict(lo=lo, hi=hi, col0=int(col0))
+        if best is not None:
+            kw["best"] = best
+        return keys, kw
+    return (keys if best is None else torch.cat([best, keys], dim=1)), {}
 
 
 def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
                cuda_topk: bool = False, window=None) -> torch.Tensor:
     """Best ``k`` keys of ``best`` U ``keys`` per row (descending). ``cuda_topk``: through the
     extension's row top-k (the same values as torch.topk: the keys are a total order), reading
-    only ``best`` and each row's ``window`` of ``keys`` where given (``_window_kw``)."""
+    only ``best`` and each row's ``window`` of ``keys`` where given (``_topk_operands``)."""
     if cuda_topk:
         from deepinfer_sm80.ops.indexer import row_topk_keys
 
-        kw = _window_kw(best, window)
-        if kw is not None:
-            return row_topk_keys(keys, k, **kw)
-        return row_topk_keys(keys if best is None else torch.cat([best, keys], dim=1), k)
+        keys_in, kw = _topk_operands(best, keys, window)
+        return row_topk_keys(keys_in, k, **kw)
     cat = keys if best is None else torch.cat([best, keys], dim=1)
     if cat.shape[1] < k:
         pad = torch.full((cat.shape[0], k - cat.shape[1]), INT64_MIN, dtype=cat.dtype,
@@ -195,11 +200,8 @@ def final_topk_into(out: torch.Tensor, best: torch.Tensor | None, keys: torch.Te
     if cuda_topk and out.dtype == torch.int32 and out.stride(1) == 1:
         from deepinfer_sm80.ops.indexer import row_topk_indices
 
-        kw = _window_kw(best, window)
-        if kw is not None:
-            row_topk_indices(keys, k, out=out, **kw)
-        else:
-            row_topk_indices(keys if best is None else torch.cat([best, keys], dim=1), k, out=out)
+        keys_in, kw = _topk_operands(best, keys, window)
+        row_topk_indices(keys_in, k, out=out, **kw)
     else:
         out[:, :k] = keys_to_indices(merge_topk(best, keys, k))
 
@@ -499,7 +501,7 @@ def decode_topk(
         rows_kw = {"rows_per_req": rpr} if rpr else {}
         # the windowed top-k reads only [0, hi) of each row: the scorer need not write INT64_MIN
         # over the rest (V4.1's candidate step reads whole rows: it keeps the fill)
-        if (cuda_topk and candidates is None and _window_kw(None, (None, hi, 0)) is not None
+        if (cuda_topk and candidates is None and _windows_on()
                 and _cuda_indexer().op_takes("indexer_paged_keys", "fill")):
             rows_kw["fill"] = False
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
