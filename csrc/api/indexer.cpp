@@ -5,6 +5,9 @@
 //                                       kernel whose blocks share K across rows, indexer_rows.cu)
 //   deepinfer_sm80::row_topk_keys      (out variant; csrc/index/row_topk.cu)
 //   deepinfer_sm80::row_topk_indices   (the same top-k written as int32 column indices)
+//   deepinfer_sm80::candidate_block_keys, candidate_mask
+//                                      (DeepSeek-V4.1's candidate step on a decode's column
+//                                       tile; csrc/index/candidate_blocks.cu)
 #include <optional>
 
 #include "api/api_utils.h"
@@ -248,6 +251,74 @@ void row_topk_indices(at::Tensor& out, const at::Tensor& keys, int64_t k,
   row_topk(out, keys, k, true, lo, hi, col0, prefix, best);
 }
 
+// The candidate step's shared checks: keys int64 [rows, >= n_cols] (contiguous last dim), hi
+// int32 [>= rows], the tile [col0, col0 + n_cols) aligned to block_size.
+CandidateParams checked_candidate(const at::Tensor& keys, const at::Tensor& hi, int64_t col0,
+                                  int64_t n_cols, int64_t block_size) {
+  const at::Device dev = keys.device();
+  api::check_cuda(keys, "keys", dev);
+  api::check_dtype(keys, "keys", at::kLong);
+  TORCH_CHECK(keys.dim() == 2 && keys.stride(1) == 1 && keys.size(0) <= INT32_MAX,
+              "keys must be int64 [rows, n] with a contiguous last dim, got ", keys.sizes());
+  TORCH_CHECK(block_size >= 1 && block_size <= (1 << 20), "block_size must be in [1, 2^20], got ",
+              block_size);
+  TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX && n_cols <= keys.size(1),
+              "columns [col0, col0 + n_cols) must lie in [0, 2^31) with n_cols <= keys.size(1)");
+  TORCH_CHECK(col0 % block_size == 0 && n_cols % block_size == 0, "col0 (", col0, ") and n_cols (",
+              n_cols, ") must be multiples of block_size (", block_size, ")");
+  check_i32_vec(hi, "hi", dev, keys.size(0));
+  CandidateParams p;
+  p.keys = keys.data_ptr<int64_t>();
+  p.key_stride = keys.stride(0);
+  p.col0 = static_cast<int>(col0);
+  p.n_cols = static_cast<int>(n_cols);
+  p.hi = hi.data_ptr<int32_t>();
+  p.rows = static_cast<int>(keys.size(0));
+  p.block_size = static_cast<int>(block_size);
+  return p;
+}
+
+// best[r, b] for the visible blocks of the tile (CandidateParams::best); visible_blocks[r]
+// (optional) the rows' visible blocks.
+void candidate_block_keys(at::Tensor& best, const at::Tensor& keys, const at::Tensor& hi,
+                          int64_t col0, int64_t n_cols, int64_t block_size,
+                          const std::optional<at::Tensor>& visible_blocks) {
+  CandidateParams p = checked_candidate(keys, hi, col0, n_cols, block_size);
+  api::check_cuda(best, "best", keys.device());
+  api::check_dtype(best, "best", at::kLong);
+  const int64_t need = (col0 + n_cols) / block_size;
+  TORCH_CHECK(best.dim() == 2 && best.size(0) >= keys.size(0) && best.size(1) >= need &&
+                  best.stride(1) == 1,
+              "best must be int64 [>= rows, >= (col0 + n_cols) / block_size = ", need,
+              "] with a contiguous last dim, got ", best.sizes());
+  if (visible_blocks.has_value()) check_i32_vec(*visible_blocks, "visible_blocks", keys.device(), keys.size(0));
+  if (p.rows == 0 || p.n_cols == 0) return;
+  c10::cuda::CUDAGuard guard(keys.device());
+  p.best = best.data_ptr<int64_t>();
+  p.best_stride = best.stride(0);
+  p.visible_blocks = visible_blocks.has_value() ? visible_blocks->data_ptr<int32_t>() : nullptr;
+  launch_candidate_block_keys(p, api::limits(keys.device().index(), 0).sm_count, api::stream());
+  api::check_launch();
+}
+
+// keys of visible columns outside the rows' listed blocks -> INT64_MIN (CandidateParams::listed).
+void candidate_mask(at::Tensor& keys, const at::Tensor& blocks, const at::Tensor& hi, int64_t col0,
+                    int64_t n_cols, int64_t block_size) {
+  CandidateParams p = checked_candidate(keys, hi, col0, n_cols, block_size);
+  api::check_cuda(blocks, "blocks", keys.device());
+  api::check_dtype(blocks, "blocks", at::kInt);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) >= keys.size(0) && blocks.size(1) <= INT32_MAX &&
+                  (blocks.size(1) <= 1 || blocks.stride(1) == 1),
+              "blocks must be int32 [>= rows, K] with a contiguous last dim, got ", blocks.sizes());
+  if (p.rows == 0 || p.n_cols == 0) return;
+  c10::cuda::CUDAGuard guard(keys.device());
+  p.listed = blocks.data_ptr<int32_t>();
+  p.listed_stride = blocks.stride(0);
+  p.n_listed = static_cast<int>(blocks.size(1));
+  launch_candidate_mask(p, api::limits(keys.device().index(), 0).sm_count, api::stream());
+  api::check_launch();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
@@ -266,6 +337,12 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
   m.def(
       "row_topk_indices(Tensor(a!) out, Tensor keys, int k, Tensor? lo=None, Tensor? hi=None, "
       "int col0=0, int prefix=0, Tensor? best=None) -> ()");
+  m.def(
+      "candidate_block_keys(Tensor(a!) best, Tensor keys, Tensor hi, int col0, int n_cols, "
+      "int block_size, Tensor(b!)? visible_blocks=None) -> ()");
+  m.def(
+      "candidate_mask(Tensor(a!) keys, Tensor blocks, Tensor hi, int col0, int n_cols, "
+      "int block_size) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
@@ -273,6 +350,8 @@ TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {
   m.impl("indexer_flat_keys", &indexer_flat_keys);
   m.impl("row_topk_keys", &row_topk_keys);
   m.impl("row_topk_indices", &row_topk_indices);
+  m.impl("candidate_block_keys", &candidate_block_keys);
+  m.impl("candidate_mask", &candidate_mask);
 }
 
 }  // namespace deepinfer_sm80

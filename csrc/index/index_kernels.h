@@ -153,7 +153,7 @@ struct RowTopkParams {
   int stage_max = 0;              // set by the launcher: rows of at most this many keys (and
                                   // more than k) are staged in shared memory
 };
-constexpr int kRowTopkMaxK = 1024;
+constexpr int kRowTopkMaxK = 2048;  // 2048: DeepSeek-V4.1's candidate blocks per row
 // The split launches (row_topk_split_blocks > 0: windows without a prefix, rows longer than
 // shared memory holds, at most a quarter as many rows as SMs): a first launch takes each row's window in `blocks`
 // chunks (of the staged row length), one block each, and writes each chunk's top-k keys to ws
@@ -169,6 +169,37 @@ struct RowTopkSplit {
 // one launch. $DEEPINFER_ROW_TOPK_SPLIT=0: always 0.
 int row_topk_split_blocks(const RowTopkParams& p, int sm_count);
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream, const RowTopkSplit& split = {});
+
+// DeepSeek-V4.1's two-level selection on one column tile of a decode's keys (candidate_blocks.cu;
+// deepinfer_sm80.ampere.indexer.CandidateStep). keys[r, j] is the key of request-local column
+// col0 + j (deepinfer_sm80.ampere.indexer.order_keys); row r sees columns [0, hi[r]); block b is
+// columns [b * block_size, (b + 1) * block_size). Only the visible columns of the tile are read
+// or written: a vLLM decode's tiles span max_model_len.
+struct CandidateParams {
+  int64_t* keys;                  // [rows, >= n_cols], row stride key_stride
+  int64_t key_stride;
+  int col0;                       // a multiple of block_size
+  int n_cols;                     // a multiple of block_size
+  const int32_t* hi;              // [rows]
+  int rows;
+  int block_size;
+  // block keys (the candidate-source layer): best[r, b] for every visible block b of the tile =
+  // the block's largest key with its low word replaced by the inverted block id, INT64_MIN when
+  // that key's score is -inf or below (no valid position), the score +inf for the row's newest
+  // block (pinned first): ordered by (score desc, block asc), so the row top-k of best over
+  // [0, ceil(hi / block_size)) with column indices gives the blocks.
+  int64_t* best = nullptr;        // [rows, >= blocks], row stride best_stride
+  int64_t best_stride = 0;
+  int32_t* visible_blocks = nullptr;  // optional [rows]: ceil(max(hi, 0) / block_size), the
+                                      // window of that row top-k
+  // mask (a later layer): keys of visible columns whose block is not among the row's listed
+  // blocks (blocks[r, 0:n_listed], -1 or out-of-range entries list nothing) become INT64_MIN.
+  const int32_t* listed = nullptr;  // [rows, n_listed], row stride listed_stride
+  int64_t listed_stride = 0;
+  int n_listed = 0;
+};
+void launch_candidate_block_keys(const CandidateParams& p, int sm_count, cudaStream_t stream);
+void launch_candidate_mask(const CandidateParams& p, int sm_count, cudaStream_t stream);
 
 void launch_global_topk(const GlobalTopkParams& p, const DeviceLimits& lim, cudaStream_t stream);
 void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim, cudaStream_t stream);

@@ -145,7 +145,8 @@ __device__ __forceinline__ void bitonic_desc(uint64_t (&v)[kPer], uint64_t* sel,
   }
 }
 
-// kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, else 2. kHead: the
+// kPer keys per thread in the sort: 1 when pow2_at_least(k) <= kThreads, 2 up to 2 * kThreads,
+// else 4 (k up to 2048: V4.1's candidate blocks). kHead: the
 // row is read in two segments (a prefix, then the window: win_prefix > 0); otherwise key i is
 // one pointer's element i, as without a window (the loads of the passes keep their form).
 // kSplit: 0 one launch; 1 and 2 the split launches (RowTopkSplit), kHead false.
@@ -350,7 +351,11 @@ __device__ __forceinline__ void row_topk_body(const RowTopkParams& p, const RowT
   }
   __syncthreads();
   const int above = s_n;
-  for (int i = above + tid; i < sel_n; i += kThreads) sel[i] = (i < above + fill) ? thr : 0;
+  // A row of n <= k keys sorts only the next power of two >= n of them; the rest of the k are
+  // INT64_MIN (0 in the unsigned form). V4.1's candidate blocks: k = 2048, a row's visible
+  // blocks often a few hundred.
+  const int sort_n = n <= k ? pow2_at_least(n > 0 ? n : 1) : sel_n;
+  for (int i = above + tid; i < sort_n; i += kThreads) sel[i] = (i < above + fill) ? thr : 0;
   __syncthreads();
 
   // Bitonic sort, descending, in registers (bitonic_desc): thread tid holds elements
@@ -359,9 +364,13 @@ __device__ __forceinline__ void row_topk_body(const RowTopkParams& p, const RowT
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int i = tid + r * kThreads;
-    v[r] = i < sel_n ? sel[i] : 0;
+    v[r] = i < sort_n ? sel[i] : 0;
   }
-  bitonic_desc<kPer>(v, sel, sel_n, tid);
+  bitonic_desc<kPer>(v, sel, sort_n, tid);
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    if (tid + r * kThreads >= sort_n) v[r] = 0;  // past the sorted keys: INT64_MIN
+  }
   if constexpr (kSplit == 1) {
     if (ws_out != nullptr) {  // a chunk's keys, for the second launch
 #pragma unroll
@@ -421,12 +430,16 @@ void launch_row_topk(const RowTopkParams& params, cudaStream_t stream, const Row
     bool ok = true;
     for (const void* f : {reinterpret_cast<const void*>(row_topk_kernel<1, false>),
                           reinterpret_cast<const void*>(row_topk_kernel<2, false>),
+                          reinterpret_cast<const void*>(row_topk_kernel<4, false>),
                           reinterpret_cast<const void*>(row_topk_kernel<1, true>),
                           reinterpret_cast<const void*>(row_topk_kernel<2, true>),
+                          reinterpret_cast<const void*>(row_topk_kernel<4, true>),
                           reinterpret_cast<const void*>(row_topk_split_kernel<1, 1>),
                           reinterpret_cast<const void*>(row_topk_split_kernel<2, 1>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<4, 1>),
                           reinterpret_cast<const void*>(row_topk_split_kernel<1, 2>),
-                          reinterpret_cast<const void*>(row_topk_split_kernel<2, 2>)}) {
+                          reinterpret_cast<const void*>(row_topk_split_kernel<2, 2>),
+                          reinterpret_cast<const void*>(row_topk_split_kernel<4, 2>)}) {
       ok = ok && cudaFuncSetAttribute(f, attr, bytes) == cudaSuccess;
     }
     return ok;
@@ -440,15 +453,19 @@ void launch_row_topk(const RowTopkParams& params, cudaStream_t stream, const Row
                        ? (pow2_at_least(p.k) + p.stage_max) * static_cast<int>(sizeof(uint64_t))
                        : row_topk_smem_bytes(p.k, p.stage_max);
   const bool head = p.win_hi != nullptr && p.win_prefix > 0;
-  const bool one = pow2_at_least(p.k) <= kThreads;
+  // keys per thread in the sort: 1, 2 or 4 (k up to 512, 1024, 2048)
+  const int per = pow2_at_least(p.k) <= kThreads ? 1 : (pow2_at_least(p.k) <= 2 * kThreads ? 2 : 4);
   if (split.blocks > 0 && split.ws != nullptr && !head && p.win_hi != nullptr) {
     const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(split.blocks));
-    (one ? row_topk_split_kernel<1, 1> : row_topk_split_kernel<2, 1>)<<<grid, kThreads, smem, stream>>>(p, split);
-    (one ? row_topk_split_kernel<1, 2> : row_topk_split_kernel<2, 2>)<<<p.rows, kThreads, smem, stream>>>(p, split);
+    (per == 1 ? row_topk_split_kernel<1, 1> : per == 2 ? row_topk_split_kernel<2, 1> : row_topk_split_kernel<4, 1>)
+        <<<grid, kThreads, smem, stream>>>(p, split);
+    (per == 1 ? row_topk_split_kernel<1, 2> : per == 2 ? row_topk_split_kernel<2, 2> : row_topk_split_kernel<4, 2>)
+        <<<p.rows, kThreads, smem, stream>>>(p, split);
     return;
   }
-  const auto kernel = one ? (head ? row_topk_kernel<1, true> : row_topk_kernel<1, false>)
-                          : (head ? row_topk_kernel<2, true> : row_topk_kernel<2, false>);
+  const auto kernel = per == 1 ? (head ? row_topk_kernel<1, true> : row_topk_kernel<1, false>)
+                    : per == 2 ? (head ? row_topk_kernel<2, true> : row_topk_kernel<2, false>)
+                               : (head ? row_topk_kernel<4, true> : row_topk_kernel<4, false>);
   kernel<<<p.rows, kThreads, smem, stream>>>(p);
 }
 

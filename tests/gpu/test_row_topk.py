@@ -54,7 +54,8 @@ def _check(keys, k):
     assert bool((wide[:, k:] == -7).all()) and bool((wide[keys.shape[0]:] == -7).all())
 
 
-@pytest.mark.parametrize("k", [1, 7, 512, 513, 1024])  # 513: the first k sorted two keys per thread
+@pytest.mark.parametrize("k", [1, 7, 512, 513, 1024, 1025, 2048])  # 513 / 1025: the first k sorted
+# two / four keys per thread; 2048: DeepSeek-V4.1's candidate blocks
 @pytest.mark.parametrize("n", [1, 511, 512, 513, 8192, 65536])
 def test_random_scores(rng, n, k):
     s = torch.randn(5, n, generator=rng).to(DEV)
@@ -64,7 +65,7 @@ def test_random_scores(rng, n, k):
     _check(_keys(s, valid), k)
 
 
-@pytest.mark.parametrize("k", [512, 1024])
+@pytest.mark.parametrize("k", [512, 1024, 2048])
 @pytest.mark.parametrize("frac", [1.001, 1.25, 1.5, 1.999, 2.0, 2.001])
 def test_candidate_count_between_k_and_2k(rng, k, frac):
     """Rows with between k and 2k candidates (a radix top-k of another port returned wrong
@@ -199,7 +200,7 @@ WINDOW_SHAPES = [(262144, 0, 0), (262144, 4096, 512), (6000, 70000, 0), (8192, 0
 
 
 @pytest.mark.parametrize("split", ["1", "0"])
-@pytest.mark.parametrize("k", [7, 512, 1024])
+@pytest.mark.parametrize("k", [7, 512, 1024, 2048])
 @pytest.mark.parametrize("n,col0,prefix", WINDOW_SHAPES)
 def test_windows_equal_whole_rows(rng, monkeypatch, n, col0, prefix, k, split):
     """With a window (lo, hi, col0, prefix) the kernel reads only the first ``prefix`` keys and
@@ -240,7 +241,7 @@ def test_windows_equal_whole_rows(rng, monkeypatch, n, col0, prefix, k, split):
         assert torch.equal(OI.row_topk_keys(keys0, k, hi=hi0).cpu(), _want(keys0, k).cpu())
 
 
-@pytest.mark.parametrize("k", [5, 512, 1024])
+@pytest.mark.parametrize("k", [5, 512, 1024, 2048])
 def test_empty_window_behind_a_best_of_k(rng, k):
     """A column tile past every context: the window is empty and ``best`` holds k keys. Sorted
     (a previous top-k's output, with INT64_MIN padding) the kernel returns them as they are;
@@ -279,7 +280,7 @@ def test_the_built_extension_takes_the_window_and_the_fill():
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="k must be in"):
-        OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int64, device=DEV), 2048)
+        OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int64, device=DEV), 2049)
     with pytest.raises(TypeError, match="keys must be torch.int64"):
         OI.row_topk_keys(torch.zeros(2, 8, dtype=torch.int32, device=DEV), 4)
     keys = torch.zeros(2, 8, dtype=torch.int64, device=DEV)

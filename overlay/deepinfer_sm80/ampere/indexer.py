@@ -81,13 +81,42 @@ class CandidateStep:
         if block_size <= 0 or blocks.dim() != 2:
             raise ValueError("candidate blocks must be [rows, K] with block_size > 0")
         self.blocks, self.block_size, self.write = blocks, block_size, write
+        self.kernels = False
 
-    def begin(self, r0: int, r1: int, visible: torch.Tensor, width: int) -> None:
-        """Rows [r0, r1) seeing ``visible`` [r1 - r0] positions, at most ``width``."""
+    def kernels_fit(self, t: torch.Tensor, tile: int, total: int) -> bool:
+        """The extension's kernels can take this step (``begin(..., kernels=True)``) for a decode
+        over columns [0, ``total``) in tiles of ``tile``: CUDA tensors, the candidate ops built
+        (``deepinfer_sm80.ops.indexer.candidate_available``), tiles made of whole blocks, int32
+        blocks with contiguous rows, K within the row top-k's limit; not with
+        ``$DEEPINFER_CANDIDATE_KERNEL=0`` (an A/B knob: the torch form)."""
+        if os.environ.get("DEEPINFER_CANDIDATE_KERNEL", "1") == "0" or not t.is_cuda:
+            return False
+        cuda_indexer = _cuda_indexer()
+        b = self.blocks
+        return (cuda_indexer is not None and cuda_indexer.candidate_available()
+                and tile % self.block_size == 0 and total % self.block_size == 0
+                and b.is_cuda and b.dtype == torch.int32 and (b.shape[1] <= 1 or b.stride(1) == 1)
+                and (not self.write or cuda_indexer.row_topk_available(b.shape[1])))
+
+    def begin(self, r0: int, r1: int, visible: torch.Tensor, width: int, *,
+              kernels: bool = False) -> None:
+        """Rows [r0, r1) seeing ``visible`` [r1 - r0] positions, at most ``width``.
+        ``kernels`` (a decode, where :meth:`kernels_fit`): :meth:`tile` takes the tile's first
+        column and runs the extension's candidate kernels over the rows' visible columns only,
+        :meth:`finish` its row top-k over the visible blocks (same blocks and keys as the torch
+        form, which reads every column of every tile)."""
         self.r0, self.r1 = r0, r1
         self.visible = visible.to(torch.int64)
         nb = max(1, -(-width // self.block_size))
         dev = visible.device
+        self.kernels = kernels
+        if kernels:
+            self.hi = visible.to(torch.int32).contiguous()
+            if self.write:  # every visible block's key is written by the tile holding it
+                self.best = torch.empty((r1 - r0, nb), dtype=torch.int64, device=dev)
+                # written by every tile's kernel: ceil(visible / block_size)
+                self.visible_blocks = torch.empty(r1 - r0, dtype=torch.int32, device=dev)
+            return
         if self.write:
             # best key per (row, block): the key order is the score order
             self.best = torch.full((r1 - r0, nb), INT64_MIN, dtype=torch.int64, device=dev)
@@ -98,10 +127,22 @@ class CandidateStep:
             self.keep.scatter_(1, ids, True)
             self.keep[:, nb] = False
 
-    def tile(self, keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    def tile(self, keys: torch.Tensor, local: torch.Tensor | None = None, *,
+             col0: int | None = None) -> torch.Tensor:
         """One tile's keys -> the keys top-k merges. ``local``: the tile's request-local
         positions, [1, n] (shared by all rows) or [rows, n]; where a key is INT64_MIN
-        (outside the row) the position is not read."""
+        (outside the row) the position is not read. With kernels: ``col0``, the request-local
+        position of the tile's first column, instead; the keys are masked in place."""
+        if self.kernels:
+            from deepinfer_sm80.ops import indexer as cuda_indexer
+
+            kw = dict(hi=self.hi, col0=int(col0), n_cols=keys.shape[1], block_size=self.block_size)
+            if self.write:
+                cuda_indexer.candidate_block_keys(keys, best=self.best,
+                                                  visible_blocks=self.visible_blocks, **kw)
+            else:
+                cuda_indexer.candidate_mask(keys, blocks=self.blocks[self.r0:self.r1], **kw)
+            return keys
         blk = local.clamp(min=0) // self.block_size
         if self.write:
             nb = self.best.shape[1]
@@ -114,8 +155,13 @@ class CandidateStep:
     def finish(self) -> None:
         if not self.write:
             return
-        nb = self.best.shape[1]
         k = self.blocks.shape[1]
+        if self.kernels:  # the best k of each row's visible blocks, as block ids, -1 after
+            from deepinfer_sm80.ops.indexer import row_topk_indices
+
+            row_topk_indices(self.best, k, out=self.blocks[self.r0:self.r1], hi=self.visible_blocks)
+            return
+        nb = self.best.shape[1]
         newest = (self.visible - 1).clamp(min=0) // self.block_size
         has = (self.visible > 0).unsqueeze(1)
         ids = torch.arange(nb, device=self.best.device).unsqueeze(0)
@@ -473,11 +519,11 @@ def decode_topk(
         out[:rows, :topk] = -1
         return out
     best = None
-    if candidates is not None:
-        candidates.begin(0, rows, hi, maxb * block_size)
     scorer = _scorer_choice(scorer)
     use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)
     cuda_topk = use_cuda and _cuda_row_topk(scorer, q_fp8, topk)
+    if candidates is not None and not (use_cuda or _use_triton(scorer, q_fp8)):
+        candidates.begin(0, rows, hi, maxb * block_size)
     if use_cuda or _use_triton(scorer, q_fp8):
         if use_cuda:
             from deepinfer_sm80.ops.indexer import indexer_paged_keys as score_keys
@@ -499,9 +545,15 @@ def decode_topk(
         # per request takes the rows kernel too where its grid covers the SMs
         rpr = decode_rows_per_req(NN, rows, min(tile, total), _sm_count(_cuda_index(dev))) if use_cuda else 0
         rows_kw = {"rows_per_req": rpr} if rpr else {}
+        # V4.1's candidate step: the extension's kernels over the visible columns where the
+        # windowed top-k runs, else the torch form over whole tiles
+        cand_kernels = (candidates is not None and cuda_topk and _windows_on()
+                        and candidates.kernels_fit(q_fp8, tile, total))
+        if candidates is not None:
+            candidates.begin(0, rows, hi, total, kernels=cand_kernels)
         # the windowed top-k reads only [0, hi) of each row: the scorer need not write INT64_MIN
-        # over the rest (V4.1's candidate step reads whole rows: it keeps the fill)
-        if (cuda_topk and candidates is None and _windows_on()
+        # over the rest (the torch form of the candidate step reads whole rows: it keeps the fill)
+        if (cuda_topk and (candidates is None or cand_kernels) and _windows_on()
                 and _cuda_indexer().op_takes("indexer_paged_keys", "fill")):
             rows_kw["fill"] = False
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device=dev)
@@ -510,7 +562,9 @@ def decode_topk(
             keys = score_keys(q_u8, w32, col0=t0, n_cols=t1 - t0, lo=lo, hi=hi, out=buf,
                               pages=kv_cache, block_table=bt32, row_req=row_req,
                               block_size=block_size, **rows_kw)[:, : t1 - t0]
-            if candidates is not None:
+            if cand_kernels:
+                keys = candidates.tile(keys, col0=t0)
+            elif candidates is not None:
                 keys = candidates.tile(keys, torch.arange(t0, t1, device=dev).unsqueeze(0))
             # columns at or past a row's context are INT64_MIN (the block table spans
             # max_model_len, a row its context): the top-k reads only [0, hi)

@@ -198,7 +198,7 @@ def indexer_flat_keys(q_u8: torch.Tensor, w: torch.Tensor, *, col0: int, n_cols:
     return out
 
 
-ROW_TOPK_MAX_K = 1024
+ROW_TOPK_MAX_K = 2048  # builds before the candidate ops: 1024 (row_topk_max_k)
 
 
 @functools.cache
@@ -220,9 +220,26 @@ def op_takes(op: str, arg: str) -> bool:
         return False
 
 
+@functools.cache
+def candidate_available() -> bool:
+    """True when the extension has DeepSeek-V4.1's candidate-step ops (and with them the row
+    top-k up to k = 2048)."""
+    try:
+        ops = _ops()
+        return hasattr(ops, "candidate_block_keys") and hasattr(ops, "candidate_mask")
+    except (ImportError, OSError, RuntimeError):
+        return False
+
+
+def row_topk_max_k() -> int:
+    """The loaded build's largest row top-k: 2048 since the candidate ops came in (V4.1's 2048
+    candidate blocks per row), 1024 before."""
+    return ROW_TOPK_MAX_K if candidate_available() else 1024
+
+
 def row_topk_available(k: int) -> bool:
     """True when the extension has the row top-k op and ``k`` is within its limit."""
-    return 1 <= k <= ROW_TOPK_MAX_K and _has_row_topk()
+    return 1 <= k <= row_topk_max_k() and _has_row_topk()
 
 
 def _window_bound(t: torch.Tensor, name: str, keys: torch.Tensor) -> None:
@@ -239,8 +256,8 @@ def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch
     C.cuda_tensor(keys, "keys")
     C.dtype(keys, "keys", torch.int64)
     C.dim(keys, "keys", 2, "[rows, n]")
-    if not 1 <= k <= ROW_TOPK_MAX_K:
-        raise ValueError(f"k must be in [1, {ROW_TOPK_MAX_K}], got {k}")
+    if not 1 <= k <= row_topk_max_k():
+        raise ValueError(f"k must be in [1, {row_topk_max_k()}], got {k}")
     if keys.stride(1) != 1:
         keys = keys.contiguous()
     if out is None:
@@ -305,6 +322,67 @@ def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None
     return _row_topk(keys, k, out, torch.int32, "row_topk_indices", lo, hi, col0, prefix, best)
 
 
+def _candidate_tile(keys: torch.Tensor, hi: torch.Tensor, col0: int, n_cols: int,
+                    block_size: int) -> None:
+    C.cuda_tensor(keys, "keys")
+    C.dtype(keys, "keys", torch.int64)
+    C.dim(keys, "keys", 2, "[rows, n]")
+    if keys.numel() and keys.stride(1) != 1:
+        raise ValueError(f"keys must have a contiguous last dim, got strides {keys.stride()}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if col0 < 0 or n_cols < 0 or n_cols > keys.shape[1]:
+        raise ValueError(f"columns [col0, col0 + n_cols) = [{col0}, {col0 + n_cols}) must start at "
+                         f">= 0 with n_cols <= keys.shape[1] = {keys.shape[1]}")
+    if col0 % block_size or n_cols % block_size:
+        raise ValueError(f"col0 ({col0}) and n_cols ({n_cols}) must be multiples of block_size "
+                         f"({block_size}): a block must lie inside one tile")
+    _window_bound(hi, "hi", keys)
+
+
+def candidate_block_keys(keys: torch.Tensor, *, hi: torch.Tensor, col0: int, n_cols: int,
+                         block_size: int, best: torch.Tensor,
+                         visible_blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek-V4.1's candidate-source step on one column tile of a decode (``keys`` [rows, >=
+    n_cols] int64, key j of request-local column ``col0 + j``; row r sees ``[0, hi[r])``): for
+    every block b of ``block_size`` columns that is visible in the tile, ``best[r, b]`` = the
+    block's largest key with its low word replaced by the inverted block id, INT64_MIN when its
+    score is -inf, the score +inf for the row's newest block. Columns past ``hi`` are not read,
+    blocks past it not written. :func:`row_topk_indices` of ``best`` with ``hi`` = the rows'
+    visible blocks then gives the blocks ``deepinfer_sm80.ampere.indexer.CandidateStep`` writes
+    (csrc/index/candidate_blocks.cu). ``visible_blocks`` (int32 [>= rows]): also receives that
+    window, ``ceil(max(hi, 0) / block_size)`` per row."""
+    _candidate_tile(keys, hi, col0, n_cols, block_size)
+    if visible_blocks is not None:
+        _window_bound(visible_blocks, "visible_blocks", keys)
+    C.cuda_tensor(best, "best", keys.device)
+    C.dtype(best, "best", torch.int64)
+    need = (col0 + n_cols) // block_size
+    if best.dim() != 2 or best.shape[0] < keys.shape[0] or best.shape[1] < need or (
+            best.numel() and best.stride(1) != 1):
+        raise ValueError(f"best must be int64 [>= {keys.shape[0]}, >= {need}] with a contiguous "
+                         f"last dim, got shape {tuple(best.shape)} strides {best.stride()}")
+    _ops().candidate_block_keys(best, keys, hi, int(col0), int(n_cols), int(block_size),
+                                visible_blocks)
+    return best
+
+
+def candidate_mask(keys: torch.Tensor, *, hi: torch.Tensor, col0: int, n_cols: int,
+                   block_size: int, blocks: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4.1's mask step on one column tile of a decode, in place: the keys of visible
+    columns (``[0, hi[r])``) whose block is not among ``blocks[r]`` (int32 [>= rows, K], -1 for
+    none) become INT64_MIN; columns past ``hi`` are not touched (csrc/index/candidate_blocks.cu)."""
+    _candidate_tile(keys, hi, col0, n_cols, block_size)
+    C.cuda_tensor(blocks, "blocks", keys.device)
+    C.dtype(blocks, "blocks", torch.int32)
+    if blocks.dim() != 2 or blocks.shape[0] < keys.shape[0] or (
+            blocks.shape[1] > 1 and blocks.stride(1) != 1):
+        raise ValueError(f"blocks must be int32 [>= {keys.shape[0]}, K] with a contiguous last "
+                         f"dim, got shape {tuple(blocks.shape)} strides {blocks.stride()}")
+    _ops().candidate_mask(keys, blocks, hi, int(col0), int(n_cols), int(block_size))
+    return keys
+
 
 __all__ = ["indexer_paged_keys", "indexer_flat_keys", "available", "flat_available", "supports",
-           "flat_pages", "row_topk_keys", "row_topk_indices", "row_topk_available", "op_takes"]
+           "flat_pages", "row_topk_keys", "row_topk_indices", "row_topk_available", "op_takes",
+           "candidate_available", "candidate_block_keys", "candidate_mask", "row_topk_max_k"]

@@ -1,0 +1,115 @@
+"""DeepSeek-V4.1's candidate step in the indexer's ``decode_topk`` with the block table as wide as
+``max_model_len``, as vLLM passes it with every decode step, against a table as wide as the
+longest context, and against the same call without the step.
+
+V4.1's indexer (32 heads x 128, top-k 512) runs a two-level selection: the candidate-source
+layer writes each row's best 2048 blocks of 8 compressed positions (``write``), later indexers
+keep only positions in those blocks (``mask``). ``plain``: no candidate step (a V4 indexer's
+call, the baseline of the same run). ``$DEEPINFER_CANDIDATE_KERNEL=0`` forces the torch form of
+the step (per-tile torch operations over every column of the table) where the build has the
+CUDA one. Same inputs across the variants; the indices (and the written blocks) are checked equal
+between the narrow and the wide table. Inputs as in bench_indexer_keys.py (random codes, fresh
+per run, sets rotated past twice the L2); CUDA-graph replay, median per call.
+
+    python bench/bench_v41_width.py [--quick] [--no-doc] [--label L]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import _paths  # noqa: E402,F401  (overlay/ on sys.path)
+
+import common  # noqa: E402
+from bench_indexer_keys import BS, TOPK, make_set  # noqa: E402
+from bench_indexer_width import widen, with_env  # noqa: E402
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+
+CAND_BLOCKS, CAND_BS = 2048, 8
+# (requests, rows per request, context in compressed positions, heads, block-table columns);
+# 262,144 columns: max_model_len 1,048,576 at compress ratio 4
+SHAPES = [(1, 1, 2048, 32, 262144), (1, 1, 65536, 32, 262144), (1, 6, 4096, 32, 262144),
+          (8, 1, 8192, 32, 262144), (64, 1, 2048, 32, 262144), (128, 1, 4096, 32, 32768)]
+QUICK = [(1, 1, 2048, 32, 262144), (64, 1, 2048, 32, 262144)]
+KERNEL_FORMS = {"cuda": "1", "torch": "0"}
+
+
+def call(s, B, NN, H, bt_key, mode, cand, form):
+    """One decode_topk; ``mode`` plain / write / mask; ``form``: the step's cuda / torch form."""
+    q4 = s["q"].view(B, NN, H, -1)
+    env = {"DEEPINFER_CANDIDATE_KERNEL": KERNEL_FORMS[form]}
+
+    def run():
+        step = None if mode == "plain" else I.CandidateStep(cand, CAND_BS, write=mode == "write")
+        I.decode_topk(q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"],
+                      scorer="cuda", candidates=step)
+    return lambda: with_env(env, run)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--label", default="", help="prefix of the impl names (e.g. the build)")
+    args = ap.parse_args(argv)
+    lbl = f"{args.label}: " if args.label else ""
+    common.require_cuda()
+    report = common.Report(
+        name="bench_v41_width",
+        title="V4.1 candidate step in decode_topk with a max_model_len-wide block table",
+        columns=["mode", "shape", "impl", "median_us", "vs_plain"])
+    report.notes.append(
+        f"32 heads, top-k {TOPK}, CUDA scorer, candidate blocks {CAND_BLOCKS} x {CAND_BS}; width = "
+        f"block-table columns x {BS}; wide tables have page 0 past each context; plain = no "
+        "candidate step (same run); torch = $DEEPINFER_CANDIDATE_KERNEL=0; CUDA-graph replay, "
+        "median per call, input sets rotated past 2x L2")
+    g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
+    for B, NN, ctx, H, width in (QUICK if args.quick else SHAPES):
+        shape = f"{B} req x {NN} rows, ctx {ctx}, width {width}"
+        rows = B * NN
+        tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
+        per_set = B * -(-ctx // BS) * BS * (128 + 4) + rows * min(tile, width) * 8 * 2
+        sets = [widen(make_set(B, NN, ctx, H, g), B, width)
+                for _ in range(common.rotation_count(per_set, max_sets=6))]
+        for s in sets:  # the blocks a mask layer reads: those its source layer wrote
+            s["cand"] = torch.full((rows, CAND_BLOCKS), -1, dtype=torch.int32, device="cuda")
+            with_env({"DEEPINFER_CANDIDATE_KERNEL": "0"}, lambda: I.decode_topk(
+                s["q"].view(B, NN, H, -1), s["w"], s["pages"], s["lens"], s["bt"], BS, TOPK,
+                s["idx"], scorer="cuda", candidates=I.CandidateStep(s["cand"], CAND_BS, True)))
+        s0 = sets[0]
+        variants = [(mode, bt_key, form) for mode in ("plain", "write", "mask")
+                    for bt_key in ("bt", "bt_wide") for form in ("torch", "cuda")
+                    if not (mode == "plain" and form == "cuda")]
+        got = {}
+        for mode, bt_key, form in variants:
+            cand = s0["cand"].clone() if mode != "mask" else s0["cand"]
+            if mode == "write":
+                cand.fill_(-7)
+            s0["idx"].fill_(-7)
+            call(s0, B, NN, H, bt_key, mode, cand, form)()
+            got[(mode, bt_key, form)] = (s0["idx"].clone(), cand.clone())
+        for mode in ("plain", "write", "mask"):
+            same = [v for k, v in got.items() if k[0] == mode]
+            ok = all(torch.equal(a[0], same[0][0]) and torch.equal(a[1], same[0][1]) for a in same)
+            report.check(f"{shape}, {mode}: the same indices and blocks (narrow / wide, torch / cuda)", ok)
+        times = {}
+        for mode, bt_key, form in variants:
+            cands = [s["cand"].clone() if mode == "write" else s["cand"] for s in sets]
+            t = common.graph_time([call(s, B, NN, H, bt_key, mode, c, form) for s, c in zip(sets, cands)],
+                                  min_calls=common.CALLS_PER_REPLAY)
+            table = "narrow" if bt_key == "bt" else "wide"
+            times[(mode, table, form)] = t.median_us
+            base = times.get(("plain", table, "torch"), t.median_us)
+            impl = f"{lbl}{table}" + ("" if mode == "plain" else f", {form}")
+            report.add(mode=mode, shape=shape, impl=impl, median_us=t.median_us,
+                       vs_plain=t.median_us / base)
+            print(report.rows[-1], flush=True)
+        sets = None
+        torch.cuda.empty_cache()
+    return report.finish(not args.no_doc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# DeepSeek-V4.1's candidate step with a max_model_len-wide block table
+# (bench/bench_v41_width.py), on the device tool's GPU.
+# Here:   make gpu-bundle; carry dist.
+# There:  bash scripts/device/v41_width.sh [tests|indexer|none]
+#   tests:   every GPU test first (tests/gpu), then the benchmark
+#   indexer: the indexer's and the layer's GPU tests first
+#   none:    the benchmark only (default)
+# V41W_QUICK=1 runs the benchmark's two quick shapes. Logs and JSON come back in $OUT.
+set -uo pipefail
+MODE=${1:-none}
+source "$(dirname "$0")/bundle_env.sh" v41w
+if [ "$MODE" != none ]; then
+  t0=$SECONDS
+  TESTS=(tests/gpu)
+  [ "$MODE" = indexer ] && TESTS=(tests/gpu/test_candidate_kernels.py tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py
+    tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py)
+  timeout 420 $PY -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  tail -6 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
+  echo "=== gpu tests ($MODE) rc=$rc ($((SECONDS - t0)) s)"
+fi
+t0=$SECONDS
+q=(); [ "${V41W_QUICK:-0}" = 1 ] && q=(--quick)
+DEEPINFER_BENCH_COMMAND="bash scripts/device/v41_width.sh $MODE" \
+  $PY bench/bench_v41_width.py --no-doc "${q[@]}" > "$OUT/bench-v41-width.log" 2>&1 || rc=1
+grep -vE "^\s*$" "$OUT/bench-v41-width.log" | grep -E "^\{|^\||PASS|FAIL|Error|rror" | head -80
+echo "=== bench_v41_width ($((SECONDS - t0)) s)"
+find bench/results -name 'bench_v41_width*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+echo "v41_width.sh rc=$rc"; exit $rc

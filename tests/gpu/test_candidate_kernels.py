@@ -1,0 +1,220 @@
+"""DeepSeek-V4.1's candidate step through the extension's kernels (csrc/index/candidate_blocks.cu,
+``deepinfer_sm80.ops.indexer.candidate_block_keys`` / ``candidate_mask``, and the row top-k up to
+k = 2048), which ``decode_topk`` takes on CUDA: the ops against torch references written from
+their semantics (bit-exact, columns past each row's context neither read nor written), and
+``decode_topk`` with the kernels against its torch form (``$DEEPINFER_CANDIDATE_KERNEL=0``) on
+the same inputs, bit-exact in the indices and the written blocks: block tables as wide as
+max_model_len, rows with no context, contexts ending inside a block, several column tiles,
+speculative rows of one request, listed blocks that are -1, repeated or past the context. The
+float64 oracle checks of the kernel path are in test_ampere_indexer_gpu.py (its cases take the
+kernels on a GPU)."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+for _p in (_ROOT / "overlay", _ROOT / "tests", _ROOT / "bench"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+from deepinfer_sm80.ops import indexer as OI  # noqa: E402
+
+DEV = "cuda"
+POISON = 0x5A5A5A5A5A5A5A5A
+
+
+@pytest.fixture(autouse=True)
+def _built(ext):
+    assert OI.candidate_available(), "this tree's build must have the candidate ops"
+    return ext
+
+
+def _tile_keys(g, rows, n, col0, hi, neg_inf_frac=0.0):
+    """Keys [rows, n] of columns col0.. as the scorer leaves them with fill=False: valid keys
+    (some with score -inf) in [0, hi), POISON past it (never to be read)."""
+    s = torch.randn(rows, n, generator=g)
+    s[torch.rand(rows, n, generator=g) < neg_inf_frac] = float("-inf")
+    cols = col0 + torch.arange(n).unsqueeze(0)
+    keys = I.order_keys(s, cols, torch.ones(rows, n, dtype=torch.bool))
+    keys[cols >= hi.view(-1, 1)] = POISON
+    return keys
+
+
+def _ref_block_keys(keys, hi, col0, bs):
+    """{(r, b): key} for every visible block of the tile, from the semantics."""
+    want = {}
+    low = (1 << 32) - 1
+    for r in range(keys.shape[0]):
+        h = int(hi[r])
+        end = min(col0 + keys.shape[1], h)
+        for b in range(col0 // bs, -(-end // bs) if end > col0 else col0 // bs):
+            c0, c1 = b * bs, min(b * bs + bs, h)
+            m = max(int(x) for x in keys[r, c0 - col0:c1 - col0])
+            if c1 == h:
+                key = (0x7F800000 << 32) | (low - b)
+            elif I.key_scores(torch.tensor([m])).item() == float("-inf"):
+                key = I.INT64_MIN
+            else:
+                key = ((m >> 32) << 32) | (low - b)
+            want[(r, b)] = key
+    return want
+
+
+@pytest.mark.parametrize("bs", [8, 1, 16])
+def test_block_keys_match_the_semantics(rng, bs):
+    rows, col0, n = 6, 512, 1024
+    hi = torch.tensor([0, 300, 512, 517, 1100, 1536], dtype=torch.int32)
+    keys = _tile_keys(rng, rows, n, col0, hi, neg_inf_frac=0.02)
+    keys[4, 16:40] = I.order_keys(torch.full((1, 24), float("-inf")),
+                                  col0 + 16 + torch.arange(24).unsqueeze(0),
+                                  torch.ones(1, 24, dtype=torch.bool))  # whole blocks at -inf
+    nb = (col0 + n) // bs
+    best = torch.full((rows, nb + 3), POISON, dtype=torch.int64, device=DEV)
+    vis = torch.full((rows + 1,), -7, dtype=torch.int32, device=DEV)
+    OI.candidate_block_keys(keys.to(DEV), hi=hi.to(DEV), col0=col0, n_cols=n, block_size=bs,
+                            best=best, visible_blocks=vis)
+    got = best.cpu()
+    assert vis.cpu().tolist() == [-(-int(h) // bs) for h in hi] + [-7]
+    want = _ref_block_keys(keys, hi, col0, bs)
+    assert want  # some visible blocks
+    for r in range(rows):
+        for b in range(nb + 3):
+            exp = want.get((r, b), POISON)  # blocks outside the tile or the context: untouched
+            assert int(got[r, b]) == exp, (r, b)
+
+
+@pytest.mark.parametrize("bs", [8, 3])
+def test_mask_matches_the_semantics(rng, bs):
+    rows, col0, n, K = 5, 4095 // bs * bs, 9000 // bs * bs, 40
+    hi = torch.tensor([0, col0 + 5, col0 + 4100, col0 + n, 1 << 30], dtype=torch.int32)
+    keys = _tile_keys(rng, rows, n, col0, hi)
+    blocks = torch.randint(col0 // bs - 20, (col0 + n) // bs + 20, (rows, K), generator=rng,
+                           dtype=torch.int32)
+    blocks[:, :5] = -1
+    blocks[:, 5:10] = blocks[:, 10:15]  # repeated
+    blocks[3, 15:] = torch.arange(col0 // bs, col0 // bs + K - 15, dtype=torch.int32)
+    got = keys.to(DEV)
+    OI.candidate_mask(got, hi=hi.to(DEV), col0=col0, n_cols=n, block_size=bs,
+                      blocks=blocks.to(DEV))
+    cols = col0 + torch.arange(n).unsqueeze(0)
+    listed = torch.zeros(rows, (col0 + n) // bs + 40, dtype=torch.bool)
+    for r in range(rows):
+        for b in blocks[r].tolist():
+            if 0 <= b < listed.shape[1]:
+                listed[r, b] = True
+    keep = listed.gather(1, (cols // bs).expand(rows, -1))
+    visible = cols < hi.view(-1, 1).to(torch.int64)
+    want = torch.where(visible & ~keep, torch.full_like(keys, I.INT64_MIN), keys)
+    assert torch.equal(got.cpu(), want)  # past the context: POISON left as it was
+
+
+def test_bad_arguments_raise():
+    keys = torch.zeros(2, 64, dtype=torch.int64, device=DEV)
+    hi = torch.zeros(2, dtype=torch.int32, device=DEV)
+    best = torch.zeros(2, 8, dtype=torch.int64, device=DEV)
+    blocks = torch.zeros(2, 4, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="multiples of block_size"):
+        OI.candidate_block_keys(keys, hi=hi, col0=4, n_cols=64, block_size=8, best=best)
+    with pytest.raises(ValueError, match="best must be"):
+        OI.candidate_block_keys(keys, hi=hi, col0=0, n_cols=64, block_size=4, best=best)
+    with pytest.raises(TypeError, match="blocks must be torch.int32"):
+        OI.candidate_mask(keys, hi=hi, col0=0, n_cols=64, block_size=8, blocks=blocks.long())
+    with pytest.raises(ValueError, match="hi must be"):
+        OI.candidate_mask(keys, hi=hi[:1], col0=0, n_cols=64, block_size=8, blocks=blocks)
+    with pytest.raises(ValueError, match="n_cols <= keys"):
+        OI.candidate_mask(keys, hi=hi, col0=0, n_cols=72, block_size=8, blocks=blocks)
+    # the ops' own checks (a caller that skips the wrapper)
+    with pytest.raises(RuntimeError, match="multiples of block_size"):
+        torch.ops.deepinfer_sm80.candidate_mask(keys, blocks, hi, 0, 60, 8)
+    with pytest.raises(RuntimeError, match="best must be int64"):
+        torch.ops.deepinfer_sm80.candidate_block_keys(best[:, :4], keys, hi, 0, 64, 8)
+
+
+def _decode_set(g, B, NN, ctx, width, H=32):
+    """A decode batch as bench_indexer_keys.make_set builds it, with per-row contexts ``ctx``
+    [B, NN] and a block table ``width`` positions wide (page 0 past each context)."""
+    from bench_indexer_keys import BS, make_set
+
+    s = make_set(B, NN, int(ctx.max()), H, g)
+    bt = torch.zeros(B, width // BS, dtype=torch.int32, device=DEV)
+    bt[:, : s["bt"].shape[1]] = s["bt"]
+    s["bt"] = bt
+    s["lens"] = ctx.to(torch.int32).to(DEV)
+    return s, BS
+
+
+def _run(monkeypatch, s, B, NN, H, bs_page, K, blocks, cbs, write, kernel, **kw):
+    monkeypatch.setenv("DEEPINFER_CANDIDATE_KERNEL", kernel)
+    out = torch.full((B * NN + 1, K + 2), -7, dtype=torch.int32, device=DEV)
+    I.decode_topk(s["q"].view(B, NN, H, -1), s["w"], s["pages"], s["lens"], s["bt"], bs_page, K,
+                  out, scorer="cuda", candidates=I.CandidateStep(blocks, cbs, write=write), **kw)
+    torch.cuda.synchronize()
+    return out.cpu()
+
+
+# (requests, rows per request, contexts, block-table width, tile budget or None, candidate
+# block size, candidate blocks per row)
+DECODE_CASES = [
+    (4, 1, [2048, 0, 1, 700], 262144, None, 8, 2048),     # vLLM's width at max_model_len 1M
+    (1, 6, [4090, 4091, 4092, 4093, 4094, 4095], 262144, None, 8, 2048),  # DSpark rows
+    (3, 1, [9000, 5, 8192], 16384, 1 << 17, 8, 64),       # several column tiles, few blocks
+    (2, 2, [300, 301, 64, 63], 1024, None, 16, 8),        # the oracle tests' shapes
+]
+
+
+@pytest.mark.parametrize("B,NN,ctx,width,budget,cbs,K", DECODE_CASES)
+def test_decode_topk_kernels_equal_the_torch_form(rng, monkeypatch, B, NN, ctx, width, budget, cbs, K):
+    H, topk = 32, 512
+    g = torch.Generator(device=DEV).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    ctx_t = torch.tensor(ctx).view(B, NN)
+    s, bs_page = _decode_set(g, B, NN, ctx_t, width, H)
+    kw = {"tile_budget": budget} if budget else {}
+    rows = B * NN
+    results = {}
+    for kernel in ("1", "0"):
+        blocks = torch.full((rows, K), -7, dtype=torch.int32, device=DEV)
+        out_w = _run(monkeypatch, s, B, NN, H, bs_page, topk, blocks, cbs, True, kernel, **kw)
+        listed = blocks.clone()
+        listed[:, 1::7] = -1                             # holes
+        listed[:, 2::7] = listed[:, 3::7]                # repeats
+        listed[:, 4::11] = (ctx_t.view(-1, 1).to(DEV) // cbs + 3).to(torch.int32)  # past the context
+        out_m = _run(monkeypatch, s, B, NN, H, bs_page, topk, listed, cbs, False, kernel, **kw)
+        results[kernel] = (out_w, blocks.cpu(), out_m)
+    for a, b in zip(results["1"], results["0"]):
+        assert torch.equal(a, b)
+    out_w, blocks, out_m = results["1"]
+    assert bool((out_w[rows:] == -7).all()) and bool((out_w[:, topk:] == -7).all())
+    for r in range(rows):  # what the write must hold, whatever the form
+        c = int(ctx_t.view(-1)[r])
+        nvis = -(-c // cbs)
+        assert blocks[r, : min(nvis, K)].ge(0).all() and blocks[r, min(nvis, K):].eq(-1).all()
+        if c:
+            assert int(blocks[r, 0]) == (c - 1) // cbs  # the newest block pinned first
+    masked = (out_m[:rows] >= 0).sum(1) < (out_w[:rows] >= 0).sum(1)
+    assert bool(masked.any()) or K * cbs >= max(ctx)  # the mask removed positions somewhere
+
+
+def test_decode_topk_takes_the_kernels_on_a_wide_table(monkeypatch):
+    """The kernel path is what runs (not a silent fallback): the torch form's full-width
+    buffers are not allocated (CandidateStep.kernels), and the fill is skipped."""
+    g = torch.Generator(device=DEV).manual_seed(5)
+    s, bs_page = _decode_set(g, 2, 1, torch.tensor([[100], [4000]]), 262144)
+    seen = []
+    orig = I.CandidateStep.begin
+
+    def spy(self, *a, **kw):
+        orig(self, *a, **kw)
+        seen.append(self.kernels)
+    monkeypatch.setattr(I.CandidateStep, "begin", spy)
+    blocks = torch.full((2, 2048), -7, dtype=torch.int32, device=DEV)
+    _run(monkeypatch, s, 2, 1, 32, bs_page, 512, blocks, 8, True, "1")
+    _run(monkeypatch, s, 2, 1, 32, bs_page, 512, blocks, 8, True, "0")
+    assert seen == [True, False]
