@@ -9,7 +9,9 @@ call, the baseline of the same run). ``$DEEPINFER_CANDIDATE_KERNEL=0`` forces th
 the step (per-tile torch operations over every column of the table) where the build has the
 CUDA one. Same inputs across the variants; the indices (and the written blocks) are checked equal
 between the narrow and the wide table. Inputs as in bench_indexer_keys.py (random codes, fresh
-per run, sets rotated past twice the L2); CUDA-graph replay, median per call.
+per run, sets rotated past twice the L2); CUDA-graph replay, median per call. Also
+``prefill_topk`` as the candidate source (its block selection through the extension's row
+top-k, or torch.topk in the torch form).
 
     python bench/bench_v41_width.py [--quick] [--no-doc] [--label L]
 """
@@ -33,6 +35,8 @@ CAND_BLOCKS, CAND_BS = 2048, 8
 SHAPES = [(1, 1, 2048, 32, 262144), (1, 1, 65536, 32, 262144), (1, 6, 4096, 32, 262144),
           (8, 1, 8192, 32, 262144), (64, 1, 2048, 32, 262144), (128, 1, 4096, 32, 32768)]
 QUICK = [(1, 1, 2048, 32, 262144), (64, 1, 2048, 32, 262144)]
+PREFILL = [(2048, 4096, 32), (4096, 16384, 32)]  # (tokens, compressed positions, heads)
+QUICK_PREFILL = [(2048, 4096, 32)]
 KERNEL_FORMS = {"cuda": "1", "torch": "0"}
 
 
@@ -108,7 +112,52 @@ def main(argv=None) -> int:
             print(report.rows[-1], flush=True)
         sets = None
         torch.cuda.empty_cache()
+    prefill(report, g, lbl, QUICK_PREFILL if args.quick else PREFILL)
     return report.finish(not args.no_doc)
+
+
+def prefill(report, g, lbl, shapes):
+    """prefill_topk of the last T tokens of one request (compressed ratio 4: token i sees
+    [0, (4 Nk - T + i + 1) // 4)), plain and as the candidate source, the source's block
+    selection through the extension's row top-k or (torch form) torch.topk; eager (the step
+    reads its row ranges on the host), CUDA events around each call, median of 7."""
+    from bench_indexer_prefill import make_k, make_q
+
+    for T, nk, H in shapes:
+        shape = f"prefill, {T} tokens, {nk} compressed positions"
+        k, ks = make_k(nk, g)
+        q, w = make_q(T, H, g)
+        i = torch.arange(T, device="cuda")
+        ke = ((4 * nk - T + i + 1) // 4).to(torch.int32)
+        kss = torch.zeros(T, dtype=torch.int32, device="cuda")
+        out = torch.empty(T, TOPK, dtype=torch.int32, device="cuda")
+        got = {}
+
+        def run(mode, form):
+            cand = torch.full((T, CAND_BLOCKS), -7, dtype=torch.int32, device="cuda")
+            step = None if mode == "plain" else I.CandidateStep(cand, CAND_BS, write=True)
+            with_env({"DEEPINFER_CANDIDATE_KERNEL": KERNEL_FORMS[form]}, lambda: I.prefill_topk(
+                q, w, k, ks, kss, ke, TOPK, out, scorer="cuda", candidates=step))
+            return cand
+        for mode, form in (("write", "torch"), ("write", "cuda")):
+            got[form] = (run(mode, form), out.clone())
+        report.check(f"{shape}: the same blocks and indices (torch / cuda)",
+                     all(torch.equal(a, b) for a, b in zip(got["torch"], got["cuda"])))
+        base = None
+        for mode, form in (("plain", "torch"), ("write", "torch"), ("write", "cuda")):
+            ts = []
+            for _ in range(9):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                run(mode, form)
+                b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b) * 1000.0)
+            t = sorted(ts[2:])[3]
+            base = base or t
+            report.add(mode=mode, shape=shape, impl=lbl + ("plain" if mode == "plain" else form),
+                       median_us=t, vs_plain=t / base)
+            print(report.rows[-1], flush=True)
 
 
 if __name__ == "__main__":

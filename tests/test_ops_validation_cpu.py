@@ -119,7 +119,8 @@ def test_gather_and_insert_validation(rec):
 
 
 def test_row_topk_wrappers(rec):
-    """row_topk_keys / row_topk_indices: int64 keys [rows, n], 1 <= k <= 1024, out int64 /
+    """row_topk_keys / row_topk_indices: int64 keys [rows, n], 1 <= k <= 2048 (1024 in builds
+    without the candidate ops), out int64 /
     int32 [>= rows, >= k] with a contiguous last dim (rows may be strided), else no call."""
     keys = torch.zeros(3, 10, dtype=torch.int64)
     ops_indexer.row_topk_keys(keys, 4)
@@ -132,7 +133,7 @@ def test_row_topk_wrappers(rec):
            (dict(out=torch.zeros(3, 3, dtype=torch.int32)), ValueError, r"out must be \[>= 3, >= 4\]"),
            (dict(out=torch.zeros(8, 3, dtype=torch.int32).t()), ValueError, "contiguous last dim"),
            (dict(out=torch.zeros(3, 4, 1, dtype=torch.int32)), ValueError, "out must be"),
-           (dict(k=0), ValueError, "k must be in"), (dict(k=1025), ValueError, "k must be in"),
+           (dict(k=0), ValueError, "k must be in"), (dict(k=2049), ValueError, "k must be in"),
            (dict(keys=keys.int()), TypeError, "keys must be torch.int64")]
     for kw, exc, match in bad:
         args = dict(keys=keys, k=4, out=torch.zeros(3, 4, dtype=torch.int32)) | kw
@@ -174,6 +175,55 @@ def test_row_topk_window_arguments(rec):
     best = torch.zeros(3, 6, dtype=torch.int64)
     ops_indexer.row_topk_keys(keys, 4, hi=hi, col0=7, best=best)
     assert rec.calls[3][1][3:] == (None, hi, 7, 0, best)
+
+
+def test_candidate_wrappers(rec):
+    """candidate_block_keys / candidate_mask (DeepSeek-V4.1's candidate step on a decode tile):
+    int64 keys [rows, >= n_cols] with a contiguous last dim, hi int32 [>= rows], col0 and n_cols
+    multiples of block_size; best int64 [>= rows, >= (col0 + n_cols) / block_size], blocks int32
+    [>= rows, K], visible_blocks int32 [>= rows]; they reach the ops in their order, else no
+    call."""
+    keys = torch.zeros(3, 64, dtype=torch.int64)
+    hi = _i32(5, 6, 7)
+    best = torch.zeros(3, 24, dtype=torch.int64)
+    blocks = torch.zeros(4, 5, dtype=torch.int32)
+    vis = torch.zeros(3, dtype=torch.int32)
+    ops_indexer.candidate_block_keys(keys, hi=hi, col0=128, n_cols=64, block_size=8, best=best,
+                                     visible_blocks=vis)
+    ops_indexer.candidate_mask(keys[:, :32], hi=hi, col0=16, n_cols=32, block_size=16, blocks=blocks)
+    (n1, a1, _), (n2, a2, _) = rec.calls
+    assert n1 == "candidate_block_keys" and a1[0] is best and a1[2] is hi and a1[3:6] == (128, 64, 8)
+    assert a1[6] is vis
+    assert n2 == "candidate_mask" and a2[1] is blocks and a2[3:] == (16, 32, 16)
+    bad_keys = [(dict(col0=4), ValueError, "multiples of block_size"),
+                (dict(n_cols=60), ValueError, "multiples of block_size"),
+                (dict(n_cols=72), ValueError, r"n_cols <= keys.shape\[1\] = 64"),
+                (dict(col0=-8), ValueError, "start at >= 0"),
+                (dict(block_size=0), ValueError, "block_size must be >= 1"),
+                (dict(keys=keys.int()), TypeError, "keys must be torch.int64"),
+                (dict(keys=torch.zeros(64, 3, dtype=torch.int64).t()), ValueError, "contiguous last dim"),
+                (dict(hi=_i32(1, 2)), ValueError, r"hi must be a contiguous int32 \[>= rows\]")]
+    for kw, exc, match in bad_keys:
+        args = dict(keys=keys, hi=hi, col0=0, n_cols=64, block_size=8) | kw
+        k = args.pop("keys")
+        with pytest.raises(exc, match=match):
+            ops_indexer.candidate_block_keys(k, best=best, **args)
+        with pytest.raises(exc, match=match):
+            ops_indexer.candidate_mask(k, blocks=blocks, **args)
+    kw = dict(hi=hi, col0=0, n_cols=64, block_size=8)
+    for b, exc, match in [(torch.zeros(3, 7, dtype=torch.int64), ValueError, r"best must be int64 \[>= 3, >= 8\]"),
+                          (torch.zeros(2, 8, dtype=torch.int64), ValueError, "best must be int64"),
+                          (best.int(), TypeError, "best must be torch.int64")]:
+        with pytest.raises(exc, match=match):
+            ops_indexer.candidate_block_keys(keys, best=b, **kw)
+    with pytest.raises(ValueError, match="visible_blocks must be a contiguous int32"):
+        ops_indexer.candidate_block_keys(keys, best=best, visible_blocks=vis[:2], **kw)
+    for b, exc, match in [(blocks.long(), TypeError, "blocks must be torch.int32"),
+                          (blocks[:2], ValueError, r"blocks must be int32 \[>= 3, K\]"),
+                          (torch.zeros(8, 4, dtype=torch.int32).t(), ValueError, "contiguous last dim")]:
+        with pytest.raises(exc, match=match):
+            ops_indexer.candidate_mask(keys, blocks=b, **kw)
+    assert len(rec.calls) == 2
 
 
 # ---------------------------------------------------------------- attention wrappers

@@ -89,7 +89,7 @@ class CandidateStep:
         (``deepinfer_sm80.ops.indexer.candidate_available``), tiles made of whole blocks, int32
         blocks with contiguous rows, K within the row top-k's limit; not with
         ``$DEEPINFER_CANDIDATE_KERNEL=0`` (an A/B knob: the torch form)."""
-        if os.environ.get("DEEPINFER_CANDIDATE_KERNEL", "1") == "0" or not t.is_cuda:
+        if not _candidate_kernels_on() or not t.is_cuda:
             return False
         cuda_indexer = _cuda_indexer()
         b = self.blocks
@@ -168,7 +168,16 @@ class CandidateStep:
         score = key_scores(self.best)
         score = torch.where(has & (ids == newest.unsqueeze(1)), float("inf"), score)
         keys = order_keys(score, ids, score > float("-inf"))
-        self.blocks[self.r0:self.r1, :k] = keys_to_indices(merge_topk(None, keys, k))
+        # the extension's row top-k where it takes k (the same values: the keys are a total
+        # order); torch.topk with k = 2048 took ~150 us per call on the H200 (2026-12-03)
+        cuda = _candidate_kernels_on() and _cuda_row_topk("auto", keys, k)
+        self.blocks[self.r0:self.r1, :k] = keys_to_indices(merge_topk(None, keys, k, cuda))
+
+
+def _candidate_kernels_on() -> bool:
+    """The candidate step may use the extension (its kernels, its row top-k): not with
+    ``$DEEPINFER_CANDIDATE_KERNEL=0`` (an A/B knob: the torch form throughout)."""
+    return os.environ.get("DEEPINFER_CANDIDATE_KERNEL", "1") != "0"
 
 
 def keys_to_indices(keys: torch.Tensor) -> torch.Tensor:
