@@ -10,8 +10,8 @@ the step (per-tile torch operations over every column of the table) where the bu
 CUDA one. Same inputs across the variants; the indices (and the written blocks) are checked equal
 between the narrow and the wide table. Inputs as in bench_indexer_keys.py (random codes, fresh
 per run, sets rotated past twice the L2); CUDA-graph replay, median per call. Also
-``prefill_topk`` as the candidate source (its block selection through the extension's row
-top-k, or torch.topk in the torch form).
+``prefill_topk`` as the candidate source and as a masking layer, the step through the extension
+or in its torch form.
 
     python bench/bench_v41_width.py [--quick] [--no-doc] [--label L]
 """
@@ -118,9 +118,10 @@ def main(argv=None) -> int:
 
 def prefill(report, g, lbl, shapes):
     """prefill_topk of the last T tokens of one request (compressed ratio 4: token i sees
-    [0, (4 Nk - T + i + 1) // 4)), plain and as the candidate source, the source's block
-    selection through the extension's row top-k or (torch form) torch.topk; eager (the step
-    reads its row ranges on the host), CUDA events around each call, median of 7."""
+    [0, (4 Nk - T + i + 1) // 4)): plain, as the candidate source (write) and as a masking layer
+    (mask, the blocks the source wrote), the step through the extension (cuda) or its torch form;
+    eager (the step reads its row ranges on the host), CUDA events around each call, median of
+    7 after 2 warm-ups."""
     from bench_indexer_prefill import make_k, make_q
 
     for T, nk, H in shapes:
@@ -131,20 +132,25 @@ def prefill(report, g, lbl, shapes):
         ke = ((4 * nk - T + i + 1) // 4).to(torch.int32)
         kss = torch.zeros(T, dtype=torch.int32, device="cuda")
         out = torch.empty(T, TOPK, dtype=torch.int32, device="cuda")
-        got = {}
+        listed = torch.full((T, CAND_BLOCKS), -1, dtype=torch.int32, device="cuda")
 
         def run(mode, form):
             cand = torch.full((T, CAND_BLOCKS), -7, dtype=torch.int32, device="cuda")
-            step = None if mode == "plain" else I.CandidateStep(cand, CAND_BS, write=True)
+            step = (None if mode == "plain" else I.CandidateStep(cand, CAND_BS, write=True)
+                    if mode == "write" else I.CandidateStep(listed, CAND_BS, write=False))
             with_env({"DEEPINFER_CANDIDATE_KERNEL": KERNEL_FORMS[form]}, lambda: I.prefill_topk(
                 q, w, k, ks, kss, ke, TOPK, out, scorer="cuda", candidates=step))
             return cand
-        for mode, form in (("write", "torch"), ("write", "cuda")):
-            got[form] = (run(mode, form), out.clone())
-        report.check(f"{shape}: the same blocks and indices (torch / cuda)",
+        got = {form: (run("write", form), out.clone()) for form in ("torch", "cuda")}
+        listed.copy_(got["cuda"][0])
+        for form in ("torch", "cuda"):
+            run("mask", form)
+            got[form] += (out.clone(),)
+        report.check(f"{shape}: the same blocks and indices, write and mask (torch / cuda)",
                      all(torch.equal(a, b) for a, b in zip(got["torch"], got["cuda"])))
         base = None
-        for mode, form in (("plain", "torch"), ("write", "torch"), ("write", "cuda")):
+        for mode, form in (("plain", "torch"), ("write", "torch"), ("write", "cuda"),
+                           ("mask", "torch"), ("mask", "cuda")):
             ts = []
             for _ in range(9):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -158,7 +164,6 @@ def prefill(report, g, lbl, shapes):
             report.add(mode=mode, shape=shape, impl=lbl + ("plain" if mode == "plain" else form),
                        median_us=t, vs_plain=t / base)
             print(report.rows[-1], flush=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

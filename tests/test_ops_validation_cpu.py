@@ -180,7 +180,8 @@ def test_row_topk_window_arguments(rec):
 def test_candidate_wrappers(rec):
     """candidate_block_keys / candidate_mask (DeepSeek-V4.1's candidate step on a decode tile):
     int64 keys [rows, >= n_cols] with a contiguous last dim, hi int32 [>= rows], col0 and n_cols
-    multiples of block_size; best int64 [>= rows, >= (col0 + n_cols) / block_size], blocks int32
+    multiples of block_size for block keys without merge (a decode); best int64
+    [>= rows, >= ceil((col0 + n_cols) / block_size)] (no lo), blocks int32
     [>= rows, K], visible_blocks int32 [>= rows]; they reach the ops in their order, else no
     call."""
     keys = torch.zeros(3, 64, dtype=torch.int64)
@@ -194,20 +195,31 @@ def test_candidate_wrappers(rec):
     (n1, a1, _), (n2, a2, _) = rec.calls
     assert n1 == "candidate_block_keys" and a1[0] is best and a1[2] is hi and a1[3:6] == (128, 64, 8)
     assert a1[6] is vis
-    assert n2 == "candidate_mask" and a2[1] is blocks and a2[3:] == (16, 32, 16)
-    bad_keys = [(dict(col0=4), ValueError, "multiples of block_size"),
-                (dict(n_cols=60), ValueError, "multiples of block_size"),
-                (dict(n_cols=72), ValueError, r"n_cols <= keys.shape\[1\] = 64"),
+    assert n2 == "candidate_mask" and a2[1] is blocks and a2[3:] == (16, 32, 16, None)
+    assert a1[7:] == (None, False)
+    with pytest.raises(ValueError, match="must hold whole blocks"):
+        ops_indexer.candidate_block_keys(keys, hi=hi, col0=4, n_cols=60, block_size=8, best=best)
+    with pytest.raises(ValueError, match="must hold whole blocks"):
+        ops_indexer.candidate_block_keys(keys, hi=hi, col0=0, n_cols=64, block_size=8, best=best, lo=hi)
+    ops_indexer.candidate_block_keys(keys, hi=hi, lo=hi, col0=4, n_cols=60, block_size=8,
+                                     best=best[:, :1], merge=True)  # a prefill tile
+    ops_indexer.candidate_mask(keys, hi=hi, lo=hi, col0=4, n_cols=60, block_size=8, blocks=blocks)
+    (_, a3, _), (_, a4, _) = rec.calls[2:]
+    assert a3[7] is hi and a3[8] is True and a4[6] is hi and a4[3:6] == (4, 60, 8)
+    del rec.calls[2:]
+    bad_keys = [(dict(n_cols=72), ValueError, r"n_cols <= keys.shape\[1\] = 64"),
                 (dict(col0=-8), ValueError, "start at >= 0"),
                 (dict(block_size=0), ValueError, "block_size must be >= 1"),
                 (dict(keys=keys.int()), TypeError, "keys must be torch.int64"),
                 (dict(keys=torch.zeros(64, 3, dtype=torch.int64).t()), ValueError, "contiguous last dim"),
-                (dict(hi=_i32(1, 2)), ValueError, r"hi must be a contiguous int32 \[>= rows\]")]
+                (dict(hi=_i32(1, 2)), ValueError, r"hi must be a contiguous int32 \[>= rows\]"),
+                (dict(lo=_i32(1, 2), merge=True), ValueError, r"lo must be a contiguous int32")]
     for kw, exc, match in bad_keys:
         args = dict(keys=keys, hi=hi, col0=0, n_cols=64, block_size=8) | kw
         k = args.pop("keys")
         with pytest.raises(exc, match=match):
             ops_indexer.candidate_block_keys(k, best=best, **args)
+        args.pop("merge", None)
         with pytest.raises(exc, match=match):
             ops_indexer.candidate_mask(k, blocks=blocks, **args)
     kw = dict(hi=hi, col0=0, n_cols=64, block_size=8)

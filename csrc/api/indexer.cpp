@@ -252,8 +252,9 @@ void row_topk_indices(at::Tensor& out, const at::Tensor& keys, int64_t k,
 }
 
 // The candidate step's shared checks: keys int64 [rows, >= n_cols] (contiguous last dim), hi
-// int32 [>= rows], the tile [col0, col0 + n_cols) aligned to block_size.
-CandidateParams checked_candidate(const at::Tensor& keys, const at::Tensor& hi, int64_t col0,
+// and lo (optional) int32 [>= rows], the tile [col0, col0 + n_cols).
+CandidateParams checked_candidate(const at::Tensor& keys, const at::Tensor& hi,
+                                  const std::optional<at::Tensor>& lo, int64_t col0,
                                   int64_t n_cols, int64_t block_size) {
   const at::Device dev = keys.device();
   api::check_cuda(keys, "keys", dev);
@@ -264,38 +265,45 @@ CandidateParams checked_candidate(const at::Tensor& keys, const at::Tensor& hi, 
               block_size);
   TORCH_CHECK(col0 >= 0 && n_cols >= 0 && col0 + n_cols <= INT32_MAX && n_cols <= keys.size(1),
               "columns [col0, col0 + n_cols) must lie in [0, 2^31) with n_cols <= keys.size(1)");
-  TORCH_CHECK(col0 % block_size == 0 && n_cols % block_size == 0, "col0 (", col0, ") and n_cols (",
-              n_cols, ") must be multiples of block_size (", block_size, ")");
   check_i32_vec(hi, "hi", dev, keys.size(0));
+  if (lo.has_value()) check_i32_vec(*lo, "lo", dev, keys.size(0));
   CandidateParams p;
   p.keys = keys.data_ptr<int64_t>();
   p.key_stride = keys.stride(0);
   p.col0 = static_cast<int>(col0);
   p.n_cols = static_cast<int>(n_cols);
   p.hi = hi.data_ptr<int32_t>();
+  p.lo = lo.has_value() ? lo->data_ptr<int32_t>() : nullptr;
   p.rows = static_cast<int>(keys.size(0));
   p.block_size = static_cast<int>(block_size);
   return p;
 }
 
-// best[r, b] for the visible blocks of the tile (CandidateParams::best); visible_blocks[r]
+// best[r, b] for the visible blocks of the tile (CandidateParams::best, ::merge); visible_blocks[r]
 // (optional) the rows' visible blocks.
 void candidate_block_keys(at::Tensor& best, const at::Tensor& keys, const at::Tensor& hi,
                           int64_t col0, int64_t n_cols, int64_t block_size,
-                          const std::optional<at::Tensor>& visible_blocks) {
-  CandidateParams p = checked_candidate(keys, hi, col0, n_cols, block_size);
+                          const std::optional<at::Tensor>& visible_blocks,
+                          const std::optional<at::Tensor>& lo, bool merge) {
+  CandidateParams p = checked_candidate(keys, hi, lo, col0, n_cols, block_size);
+  TORCH_CHECK(merge || (!lo.has_value() && col0 % block_size == 0 && n_cols % block_size == 0),
+              "without merge the tile must hold whole blocks: no lo, and col0 (", col0,
+              ") and n_cols (", n_cols, ") multiples of block_size (", block_size, ")");
   api::check_cuda(best, "best", keys.device());
   api::check_dtype(best, "best", at::kLong);
-  const int64_t need = (col0 + n_cols) / block_size;
-  TORCH_CHECK(best.dim() == 2 && best.size(0) >= keys.size(0) && best.size(1) >= need &&
-                  best.stride(1) == 1,
-              "best must be int64 [>= rows, >= (col0 + n_cols) / block_size = ", need,
-              "] with a contiguous last dim, got ", best.sizes());
+  TORCH_CHECK(best.dim() == 2 && best.size(0) >= keys.size(0) && best.stride(1) == 1,
+              "best must be int64 [>= rows, blocks] with a contiguous last dim, got ", best.sizes());
+  if (!lo.has_value()) {
+    const int64_t need = (col0 + n_cols + block_size - 1) / block_size;
+    TORCH_CHECK(best.size(1) >= need, "best must be int64 [>= rows, >= ceil((col0 + n_cols) / ",
+                "block_size) = ", need, "], got ", best.sizes());
+  }
   if (visible_blocks.has_value()) check_i32_vec(*visible_blocks, "visible_blocks", keys.device(), keys.size(0));
-  if (p.rows == 0 || p.n_cols == 0) return;
+  if (p.rows == 0) return;
   c10::cuda::CUDAGuard guard(keys.device());
   p.best = best.data_ptr<int64_t>();
   p.best_stride = best.stride(0);
+  p.merge = merge;
   p.visible_blocks = visible_blocks.has_value() ? visible_blocks->data_ptr<int32_t>() : nullptr;
   launch_candidate_block_keys(p, api::limits(keys.device().index(), 0).sm_count, api::stream());
   api::check_launch();
@@ -303,8 +311,8 @@ void candidate_block_keys(at::Tensor& best, const at::Tensor& keys, const at::Te
 
 // keys of visible columns outside the rows' listed blocks -> INT64_MIN (CandidateParams::listed).
 void candidate_mask(at::Tensor& keys, const at::Tensor& blocks, const at::Tensor& hi, int64_t col0,
-                    int64_t n_cols, int64_t block_size) {
-  CandidateParams p = checked_candidate(keys, hi, col0, n_cols, block_size);
+                    int64_t n_cols, int64_t block_size, const std::optional<at::Tensor>& lo) {
+  CandidateParams p = checked_candidate(keys, hi, lo, col0, n_cols, block_size);
   api::check_cuda(blocks, "blocks", keys.device());
   api::check_dtype(blocks, "blocks", at::kInt);
   TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) >= keys.size(0) && blocks.size(1) <= INT32_MAX &&
@@ -339,10 +347,10 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
       "int col0=0, int prefix=0, Tensor? best=None) -> ()");
   m.def(
       "candidate_block_keys(Tensor(a!) best, Tensor keys, Tensor hi, int col0, int n_cols, "
-      "int block_size, Tensor(b!)? visible_blocks=None) -> ()");
+      "int block_size, Tensor(b!)? visible_blocks=None, Tensor? lo=None, bool merge=False) -> ()");
   m.def(
       "candidate_mask(Tensor(a!) keys, Tensor blocks, Tensor hi, int col0, int n_cols, "
-      "int block_size) -> ()");
+      "int block_size, Tensor? lo=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {

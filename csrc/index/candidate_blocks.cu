@@ -6,9 +6,10 @@
 // Grid (rows, parts): part y of row r takes the y-th share of the row's visible columns in the
 // tile, so that no block is launched per max_model_len-wide span of columns; parts is capped
 // from the SM count (a few blocks per SM in all rows).
-// candidate_block_keys_kernel: one thread per block of block_size columns at a time. A block
-// lies inside one column tile (col0 and n_cols are multiples of block_size), so each visible
-// block's key is written exactly once over a decode's tiles.
+// candidate_block_keys_kernel: one thread per block of block_size columns at a time. In a decode
+// a block lies inside one column tile (col0 and n_cols are multiples of block_size, lo 0), so
+// each visible block's key is written once over the tiles; a prefill's blocks (starting at each
+// row's own first column) may span tiles, and each tile's key is merged by max (merge).
 // candidate_mask_kernel: the share in chunks of kMaskCols columns; the row's listed blocks that
 // fall in the chunk are marked in a shared-memory bitmap, then the chunk's keys of unlisted
 // blocks become INT64_MIN.
@@ -40,30 +41,35 @@ __device__ __forceinline__ void my_share(int64_t lo, int64_t hi, int64_t unit, i
 
 __global__ void __launch_bounds__(kThreads) candidate_block_keys_kernel(const CandidateParams p) {
   const int r = blockIdx.x;
-  const int64_t hi = p.hi[r];
+  const int64_t lo = p.lo != nullptr ? p.lo[r] : 0;
+  const int64_t hl = static_cast<int64_t>(p.hi[r]) - lo;  // local positions [0, hl)
   const int bs = p.block_size;
-  const int64_t vis = min(static_cast<int64_t>(p.col0) + p.n_cols, hi);  // visible end in the tile
-  int64_t b0, b1;  // this part's blocks
-  my_share(p.col0 / bs, (vis + bs - 1) / bs, 1, b0, b1);
-  const int64_t* row = p.keys + static_cast<int64_t>(r) * p.key_stride - p.col0;
-  int64_t* best = p.best + static_cast<int64_t>(r) * p.best_stride;
   if (p.visible_blocks != nullptr && blockIdx.y == 0 && threadIdx.x == 0) {
-    p.visible_blocks[r] = static_cast<int32_t>(hi > 0 ? (hi + bs - 1) / bs : 0);
+    p.visible_blocks[r] = static_cast<int32_t>(hl > 0 ? (hl + bs - 1) / bs : 0);
   }
+  // the tile's visible local positions [a, e)
+  const int64_t a = max(static_cast<int64_t>(p.col0) - lo, int64_t{0});
+  const int64_t e = min(static_cast<int64_t>(p.col0) + p.n_cols - lo, hl);
+  if (a >= e) return;  // uniform
+  int64_t b0, b1;  // this part's blocks
+  my_share(a / bs, (e + bs - 1) / bs, 1, b0, b1);
+  const int64_t newest = (hl - 1) / bs;
+  const int64_t* row = p.keys + static_cast<int64_t>(r) * p.key_stride - p.col0 + lo;  // by local position
+  int64_t* best = p.best + static_cast<int64_t>(r) * p.best_stride;
   for (int64_t b = b0 + threadIdx.x; b < b1; b += kThreads) {
-    const int64_t c0 = b * bs;
-    const int64_t c1 = min(c0 + bs, hi);  // the block's visible columns
+    const int64_t c0 = max(b * bs, a);
+    const int64_t c1 = min(b * bs + bs, e);  // the block's visible columns in this tile
     int64_t m = INT64_MIN;
     for (int64_t c = c0; c < c1; ++c) m = max(m, row[c]);
     int64_t key;
-    if (c1 == hi) {  // the newest visible block: pinned first whatever its scores
+    if (b == newest) {  // the newest visible block: pinned first whatever its scores
       key = kPinned | static_cast<int64_t>(kLow - static_cast<uint64_t>(b));
     } else if (static_cast<int32_t>(m >> 32) <= kOrderedNegInf) {
-      key = INT64_MIN;  // no position of the block has a score above -inf
+      key = INT64_MIN;  // no position of the block (here) has a score above -inf
     } else {
       key = static_cast<int64_t>((static_cast<uint64_t>(m) & ~kLow) | (kLow - static_cast<uint64_t>(b)));
     }
-    best[b] = key;
+    best[b] = p.merge ? max(best[b], key) : key;
   }
 }
 
@@ -71,13 +77,16 @@ __global__ void __launch_bounds__(kThreads) candidate_mask_kernel(const Candidat
   __shared__ uint32_t bits[kMaskCols / 32];
   const int r = blockIdx.x;
   const int bs = p.block_size;
-  const int64_t vis = min(static_cast<int64_t>(p.col0) + p.n_cols, static_cast<int64_t>(p.hi[r]));
-  int64_t a, b;  // this part's columns
-  my_share(p.col0, vis, kMaskCols, a, b);
+  const int64_t lo = p.lo != nullptr ? p.lo[r] : 0;
+  // the tile's visible local positions, this part's share of them
+  const int64_t a0 = max(static_cast<int64_t>(p.col0) - lo, int64_t{0});
+  const int64_t e0 = min(static_cast<int64_t>(p.col0) + p.n_cols - lo, static_cast<int64_t>(p.hi[r]) - lo);
+  int64_t a, e;
+  my_share(a0, e0, kMaskCols, a, e);
   const int32_t* listed = p.listed + static_cast<int64_t>(r) * p.listed_stride;
-  int64_t* row = p.keys + static_cast<int64_t>(r) * p.key_stride - p.col0;
-  for (int64_t t0 = a; t0 < b; t0 += kMaskCols) {  // uniform
-    const int64_t t1 = min(t0 + kMaskCols, b);
+  int64_t* row = p.keys + static_cast<int64_t>(r) * p.key_stride - p.col0 + lo;  // by local position
+  for (int64_t t0 = a; t0 < e; t0 += kMaskCols) {  // uniform
+    const int64_t t1 = min(t0 + kMaskCols, e);
     const int64_t b0 = t0 / bs;                  // the chunk's first block
     const int64_t nb = (t1 - 1) / bs - b0 + 1;   // its blocks (<= kMaskCols)
     __syncthreads();  // the previous chunk's reads of the bitmap are done
@@ -105,7 +114,7 @@ dim3 parts_grid(const CandidateParams& p, int64_t units, int sm_count) {
 }  // namespace
 
 void launch_candidate_block_keys(const CandidateParams& p, int sm_count, cudaStream_t stream) {
-  if (p.rows <= 0 || p.n_cols <= 0) return;
+  if (p.rows <= 0 || (p.n_cols <= 0 && p.visible_blocks == nullptr)) return;
   const int64_t blocks = (p.n_cols + p.block_size - 1) / p.block_size;
   candidate_block_keys_kernel<<<parts_grid(p, (blocks + kThreads - 1) / kThreads, sm_count), kThreads, 0, stream>>>(p);
 }

@@ -170,30 +170,36 @@ struct RowTopkSplit {
 int row_topk_split_blocks(const RowTopkParams& p, int sm_count);
 void launch_row_topk(const RowTopkParams& p, cudaStream_t stream, const RowTopkSplit& split = {});
 
-// DeepSeek-V4.1's two-level selection on one column tile of a decode's keys (candidate_blocks.cu;
-// deepinfer_sm80.ampere.indexer.CandidateStep). keys[r, j] is the key of request-local column
-// col0 + j (deepinfer_sm80.ampere.indexer.order_keys); row r sees columns [0, hi[r]); block b is
-// columns [b * block_size, (b + 1) * block_size). Only the visible columns of the tile are read
+// DeepSeek-V4.1's two-level selection on one column tile of an indexer step's keys
+// (candidate_blocks.cu; deepinfer_sm80.ampere.indexer.CandidateStep). keys[r, j] is the key of
+// column col0 + j (deepinfer_sm80.ampere.indexer.order_keys); row r sees columns [lo[r], hi[r])
+// (lo nullptr: 0, a decode's request-local columns), local position c - lo[r]; block b is local
+// positions [b * block_size, (b + 1) * block_size). Only the visible columns of the tile are read
 // or written: a vLLM decode's tiles span max_model_len.
 struct CandidateParams {
   int64_t* keys;                  // [rows, >= n_cols], row stride key_stride
   int64_t key_stride;
-  int col0;                       // a multiple of block_size
-  int n_cols;                     // a multiple of block_size
+  int col0;
+  int n_cols;
   const int32_t* hi;              // [rows]
+  const int32_t* lo = nullptr;    // [rows] or nullptr (0)
   int rows;
   int block_size;
-  // block keys (the candidate-source layer): best[r, b] for every visible block b of the tile =
-  // the block's largest key with its low word replaced by the inverted block id, INT64_MIN when
-  // that key's score is -inf or below (no valid position), the score +inf for the row's newest
-  // block (pinned first): ordered by (score desc, block asc), so the row top-k of best over
-  // [0, ceil(hi / block_size)) with column indices gives the blocks.
+  // block keys (the candidate-source layer): best[r, b] for every block b visible in the tile =
+  // the largest key of its columns with the low word replaced by the inverted block id,
+  // INT64_MIN when that key's score is -inf or below (no valid position), the score +inf for the
+  // row's newest block (pinned first): ordered by (score desc, block asc), so the row top-k of
+  // best over [0, ceil((hi - lo) / block_size)) with column indices gives the blocks. merge
+  // false: the tile holds each of its blocks whole (a decode: col0 and n_cols multiples of
+  // block_size, lo 0), best[r, b] is written; true: best[r, b] = max(best[r, b], that key), for
+  // blocks split across tiles (a prefill's rows start anywhere; best starts at INT64_MIN).
   int64_t* best = nullptr;        // [rows, >= blocks], row stride best_stride
   int64_t best_stride = 0;
-  int32_t* visible_blocks = nullptr;  // optional [rows]: ceil(max(hi, 0) / block_size), the
-                                      // window of that row top-k
+  bool merge = false;
+  int32_t* visible_blocks = nullptr;  // optional [rows]: ceil(max(hi - lo, 0) / block_size),
+                                      // the window of that row top-k
   // mask (a later layer): keys of visible columns whose block is not among the row's listed
-  // blocks (blocks[r, 0:n_listed], -1 or out-of-range entries list nothing) become INT64_MIN.
+  // blocks (listed[r, 0:n_listed], -1 or out-of-range entries list nothing) become INT64_MIN.
   const int32_t* listed = nullptr;  // [rows, n_listed], row stride listed_stride
   int64_t listed_stride = 0;
   int n_listed = 0;

@@ -5,7 +5,8 @@ their semantics (bit-exact, columns past each row's context neither read nor wri
 ``decode_topk`` with the kernels against its torch form (``$DEEPINFER_CANDIDATE_KERNEL=0``) on
 the same inputs, bit-exact in the indices and the written blocks: block tables as wide as
 max_model_len, rows with no context, contexts ending inside a block, several column tiles,
-speculative rows of one request, listed blocks that are -1, repeated or past the context. The
+speculative rows of one request, listed blocks that are -1, repeated or past the context; and
+``prefill_topk`` likewise (rows starting anywhere in the workspace: blocks spanning tiles). The
 float64 oracle checks of the kernel path are in test_ampere_indexer_gpu.py (its cases take the
 kernels on a GPU)."""
 from __future__ import annotations
@@ -116,13 +117,116 @@ def test_mask_matches_the_semantics(rng, bs):
     assert torch.equal(got.cpu(), want)  # past the context: POISON left as it was
 
 
+def _ref_prefill_blocks(keys, lo, hi, col0, bs, nb):
+    """best [rows, nb] as the merge over a prefill's tiles leaves it, from the semantics: the
+    blocks of local positions c - lo, INT64_MIN where no visible column is in ``keys``."""
+    low = (1 << 32) - 1
+    rows, n = keys.shape
+    want = torch.full((rows, nb), I.INT64_MIN, dtype=torch.int64)
+    for r in range(rows):
+        hl = int(hi[r]) - int(lo[r])
+        for c in range(max(col0, int(lo[r])), min(col0 + n, int(hi[r]))):
+            b = (c - int(lo[r])) // bs
+            m = int(keys[r, c - col0])
+            if b == (hl - 1) // bs:
+                key = (0x7F800000 << 32) | (low - b)
+            elif I.key_scores(torch.tensor([m])).item() == float("-inf"):
+                key = I.INT64_MIN
+            else:
+                key = ((m >> 32) << 32) | (low - b)
+            want[r, b] = max(int(want[r, b]), key)
+    return want
+
+
+@pytest.mark.parametrize("bs", [8, 5])
+def test_prefill_block_keys_merge_over_tiles(rng, bs):
+    """Rows seeing [lo, hi) of a flat workspace; blocks start at each row's lo, so they span the
+    column tiles; each tile's keys merge by max into best (which starts at INT64_MIN)."""
+    lo = torch.tensor([0, 3, 100, 250, 7, 40], dtype=torch.int32)
+    hi = torch.tensor([0, 200, 101, 700, 650, 39], dtype=torch.int32)
+    n_all, tile = 704, 96
+    keys_all = _tile_keys(rng, 6, n_all, 0, hi, neg_inf_frac=0.05)
+    keys_all[torch.arange(n_all).unsqueeze(0) < lo.view(-1, 1)] = POISON
+    nb = -(-int((hi - lo).clamp(min=0).max()) // bs)
+    best = torch.full((6, nb), I.INT64_MIN, dtype=torch.int64, device=DEV)
+    vis = torch.full((6,), -7, dtype=torch.int32, device=DEV)
+    for t0 in range(0, n_all, tile):
+        t1 = min(n_all, t0 + tile)
+        OI.candidate_block_keys(keys_all[:, t0:t1].contiguous().to(DEV), hi=hi.to(DEV), lo=lo.to(DEV),
+                                col0=t0, n_cols=t1 - t0, block_size=bs, best=best, merge=True,
+                                visible_blocks=vis)
+    assert torch.equal(best.cpu(), _ref_prefill_blocks(keys_all, lo, hi, 0, bs, nb))
+    assert vis.cpu().tolist() == [max(0, -(-(int(h) - int(l)) // bs)) for l, h in zip(lo, hi)]
+
+
+def test_prefill_mask_with_lo(rng):
+    bs, col0, n = 8, 96, 300
+    lo = torch.tensor([0, 100, 97, 390, 5], dtype=torch.int32)
+    hi = torch.tensor([400, 390, 250, 500, 5], dtype=torch.int32)
+    keys = _tile_keys(rng, 5, n, col0, hi)
+    blocks = torch.randint(-1, 50, (5, 12), generator=rng, dtype=torch.int32)
+    got = keys.to(DEV)
+    OI.candidate_mask(got, hi=hi.to(DEV), lo=lo.to(DEV), col0=col0, n_cols=n, block_size=bs,
+                      blocks=blocks.to(DEV))
+    cols = col0 + torch.arange(n).unsqueeze(0)
+    local = cols - lo.view(-1, 1)
+    listed = torch.zeros(5, 64, dtype=torch.bool)
+    for r in range(5):
+        for b in blocks[r].tolist():
+            if b >= 0:
+                listed[r, b] = True
+    keep = listed.gather(1, (local.clamp(min=0) // bs).clamp(max=63))
+    visible = (cols >= lo.view(-1, 1)) & (cols < hi.view(-1, 1))
+    want = torch.where(visible & ~keep, torch.full_like(keys, I.INT64_MIN), keys)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("row_chunk,budget", [(256, 1 << 25), (64, 1 << 15)])
+def test_prefill_topk_kernels_equal_the_torch_form(rng, monkeypatch, row_chunk, budget):
+    """prefill_topk as the candidate source and as a masking layer, kernels against the torch
+    form: the last T tokens of a request (row t sees [0, (4 Nk - T + t + 1) // 4)), plus rows of
+    other requests starting later in the workspace, several row chunks and column tiles."""
+    from bench_indexer_prefill import make_k, make_q
+
+    g = torch.Generator(device=DEV).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    T, nk, H, topk, cbs, K = 300, 3000, 32, 512, 8, 96
+    k, ks = make_k(nk, g)
+    q, w = make_q(T, H, g)
+    t = torch.arange(T, device=DEV)
+    ke = ((4 * 2000 - T + t + 1) // 4).to(torch.int32)
+    kss = torch.zeros(T, dtype=torch.int32, device=DEV)
+    kss[200:] = 2000  # a second request's rows: columns [2000, 2000 + ...)
+    ke[200:] = 2000 + (t[200:] - 199) * 9
+    ke[250] = 2000  # a row seeing nothing
+    results = {}
+    for kernel in ("1", "0"):
+        monkeypatch.setenv("DEEPINFER_CANDIDATE_KERNEL", kernel)
+        blocks = torch.full((T, K), -7, dtype=torch.int32, device=DEV)
+        out_w = torch.full((T, topk), -7, dtype=torch.int32, device=DEV)
+        I.prefill_topk(q, w, k, ks, kss, ke, topk, out_w, scorer="cuda", row_chunk=row_chunk,
+                       tile_budget=budget, candidates=I.CandidateStep(blocks, cbs, write=True))
+        listed = blocks.clone()
+        listed[:, 1::5] = -1
+        out_m = torch.full((T, topk), -7, dtype=torch.int32, device=DEV)
+        I.prefill_topk(q, w, k, ks, kss, ke, topk, out_m, scorer="cuda", row_chunk=row_chunk,
+                       tile_budget=budget, candidates=I.CandidateStep(listed, cbs, write=False))
+        results[kernel] = (out_w.cpu(), blocks.cpu(), out_m.cpu())
+    for a, b in zip(results["1"], results["0"]):
+        assert torch.equal(a, b)
+    out_w, blocks, out_m = results["1"]
+    assert bool(((out_m >= 0).sum(1) < (out_w >= 0).sum(1)).any())  # the mask removed positions
+    assert blocks[250].eq(-1).all() and blocks[0, 0] == (int(ke[0]) - 1) // cbs
+
+
 def test_bad_arguments_raise():
     keys = torch.zeros(2, 64, dtype=torch.int64, device=DEV)
     hi = torch.zeros(2, dtype=torch.int32, device=DEV)
     best = torch.zeros(2, 8, dtype=torch.int64, device=DEV)
     blocks = torch.zeros(2, 4, dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match="multiples of block_size"):
-        OI.candidate_block_keys(keys, hi=hi, col0=4, n_cols=64, block_size=8, best=best)
+    with pytest.raises(ValueError, match="must hold whole blocks"):
+        OI.candidate_block_keys(keys, hi=hi, col0=4, n_cols=60, block_size=8, best=best)
+    with pytest.raises(ValueError, match="must hold whole blocks"):
+        OI.candidate_block_keys(keys, hi=hi, col0=0, n_cols=64, block_size=8, best=best, lo=hi)
     with pytest.raises(ValueError, match="best must be"):
         OI.candidate_block_keys(keys, hi=hi, col0=0, n_cols=64, block_size=4, best=best)
     with pytest.raises(TypeError, match="blocks must be torch.int32"):
@@ -132,8 +236,10 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="n_cols <= keys"):
         OI.candidate_mask(keys, hi=hi, col0=0, n_cols=72, block_size=8, blocks=blocks)
     # the ops' own checks (a caller that skips the wrapper)
-    with pytest.raises(RuntimeError, match="multiples of block_size"):
-        torch.ops.deepinfer_sm80.candidate_mask(keys, blocks, hi, 0, 60, 8)
+    with pytest.raises(RuntimeError, match="must hold whole blocks"):
+        torch.ops.deepinfer_sm80.candidate_block_keys(best, keys, hi, 4, 60, 8)
+    with pytest.raises(RuntimeError, match="lo must be"):
+        torch.ops.deepinfer_sm80.candidate_mask(keys, blocks, hi, 0, 64, 8, hi[:1])
     with pytest.raises(RuntimeError, match="best must be int64"):
         torch.ops.deepinfer_sm80.candidate_block_keys(best[:, :4], keys, hi, 0, 64, 8)
 

@@ -83,37 +83,43 @@ class CandidateStep:
         self.blocks, self.block_size, self.write = blocks, block_size, write
         self.kernels = False
 
-    def kernels_fit(self, t: torch.Tensor, tile: int, total: int) -> bool:
-        """The extension's kernels can take this step (``begin(..., kernels=True)``) for a decode
-        over columns [0, ``total``) in tiles of ``tile``: CUDA tensors, the candidate ops built
-        (``deepinfer_sm80.ops.indexer.candidate_available``), tiles made of whole blocks, int32
-        blocks with contiguous rows, K within the row top-k's limit; not with
+    def kernels_fit(self, t: torch.Tensor, tile: int | None = None, total: int | None = None) -> bool:
+        """The extension's kernels can take this step (``begin(..., kernels=True)``): CUDA
+        tensors, the candidate ops built (``deepinfer_sm80.ops.indexer.candidate_available``),
+        int32 blocks with contiguous rows, K within the row top-k's limit, and for a decode over
+        columns [0, ``total``) in tiles of ``tile``, tiles made of whole blocks; not with
         ``$DEEPINFER_CANDIDATE_KERNEL=0`` (an A/B knob: the torch form)."""
         if not _candidate_kernels_on() or not t.is_cuda:
             return False
         cuda_indexer = _cuda_indexer()
         b = self.blocks
-        return (cuda_indexer is not None and cuda_indexer.candidate_available()
-                and tile % self.block_size == 0 and total % self.block_size == 0
+        whole = tile is None or (tile % self.block_size == 0 and total % self.block_size == 0)
+        return (cuda_indexer is not None and cuda_indexer.candidate_available() and whole
                 and b.is_cuda and b.dtype == torch.int32 and (b.shape[1] <= 1 or b.stride(1) == 1)
                 and (not self.write or cuda_indexer.row_topk_available(b.shape[1])))
 
     def begin(self, r0: int, r1: int, visible: torch.Tensor, width: int, *,
-              kernels: bool = False) -> None:
+              kernels: bool = False, lo: torch.Tensor | None = None,
+              hi: torch.Tensor | None = None) -> None:
         """Rows [r0, r1) seeing ``visible`` [r1 - r0] positions, at most ``width``.
-        ``kernels`` (a decode, where :meth:`kernels_fit`): :meth:`tile` takes the tile's first
-        column and runs the extension's candidate kernels over the rows' visible columns only,
-        :meth:`finish` its row top-k over the visible blocks (same blocks and keys as the torch
-        form, which reads every column of every tile)."""
+        ``kernels`` (where :meth:`kernels_fit`): :meth:`tile` takes the tile's first column and
+        runs the extension's candidate kernels over the rows' visible columns only, :meth:`finish`
+        its row top-k over the visible blocks (the same blocks and keys as the torch form, which
+        reads every column of every tile). A decode's rows see columns [0, visible); a prefill's
+        see [``lo``, ``hi``) (int32 [r1 - r0], global columns; visible = hi - lo), its blocks
+        spanning column tiles."""
         self.r0, self.r1 = r0, r1
         self.visible = visible.to(torch.int64)
         nb = max(1, -(-width // self.block_size))
         dev = visible.device
         self.kernels = kernels
         if kernels:
-            self.hi = visible.to(torch.int32).contiguous()
-            if self.write:  # every visible block's key is written by the tile holding it
-                self.best = torch.empty((r1 - r0, nb), dtype=torch.int64, device=dev)
+            self.lo = lo
+            self.hi = hi if hi is not None else visible.to(torch.int32).contiguous()
+            if self.write:  # a decode: every visible block written by the tile holding it;
+                # a prefill: merged by max over the tiles
+                self.best = (torch.empty((r1 - r0, nb), dtype=torch.int64, device=dev) if lo is None
+                             else torch.full((r1 - r0, nb), INT64_MIN, dtype=torch.int64, device=dev))
                 # written by every tile's kernel: ceil(visible / block_size)
                 self.visible_blocks = torch.empty(r1 - r0, dtype=torch.int32, device=dev)
             return
@@ -136,9 +142,10 @@ class CandidateStep:
         if self.kernels:
             from deepinfer_sm80.ops import indexer as cuda_indexer
 
-            kw = dict(hi=self.hi, col0=int(col0), n_cols=keys.shape[1], block_size=self.block_size)
+            kw = dict(hi=self.hi, col0=int(col0), n_cols=keys.shape[1], block_size=self.block_size,
+                      lo=self.lo)
             if self.write:
-                cuda_indexer.candidate_block_keys(keys, best=self.best,
+                cuda_indexer.candidate_block_keys(keys, best=self.best, merge=self.lo is not None,
                                                   visible_blocks=self.visible_blocks, **kw)
             else:
                 cuda_indexer.candidate_mask(keys, blocks=self.blocks[self.r0:self.r1], **kw)
@@ -398,6 +405,8 @@ def prefill_topk(
         ks32 = cu_seqlen_ks.to(torch.int32).contiguous()
         ke32 = cu_seqlen_ke.to(torch.int32).contiguous()
         w32 = weights.to(torch.float32).contiguous()
+    # V4.1's candidate step through the extension's kernels (the fused scorers' int64 keys)
+    cand_kernels = fused and candidates is not None and candidates.kernels_fit(q_fp8)
     spans = chunk_column_spans(ks_all, ke_all, row_chunk)  # one device->host copy for all chunks
     for r0 in range(0, T, row_chunk):
         r1 = min(T, r0 + row_chunk)
@@ -406,7 +415,8 @@ def prefill_topk(
         best = None
         if candidates is not None:
             visible = (ke - ks).clamp(min=0)
-            candidates.begin(r0, r1, visible, max(1, width))
+            kw = dict(kernels=True, lo=ks32[r0:r1], hi=ke32[r0:r1]) if cand_kernels else {}
+            candidates.begin(r0, r1, visible, max(1, width), **kw)
         if fused:
             tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
             buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
@@ -432,7 +442,9 @@ def prefill_topk(
                 cols = torch.arange(t0, t1, device=dev).unsqueeze(0)
                 valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
                 keys = order_keys(logits, cols - ks.unsqueeze(1), valid)
-            if candidates is not None:
+            if cand_kernels:
+                keys = candidates.tile(keys, col0=t0)
+            elif candidates is not None:
                 local = torch.arange(t0, t1, device=dev).unsqueeze(0) - ks.unsqueeze(1)
                 keys = candidates.tile(keys, local)
             # the scorers leave columns outside [ks, ke) at INT64_MIN: the top-k skips them

@@ -322,8 +322,8 @@ def row_topk_indices(keys: torch.Tensor, k: int, out: torch.Tensor | None = None
     return _row_topk(keys, k, out, torch.int32, "row_topk_indices", lo, hi, col0, prefix, best)
 
 
-def _candidate_tile(keys: torch.Tensor, hi: torch.Tensor, col0: int, n_cols: int,
-                    block_size: int) -> None:
+def _candidate_tile(keys: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None, col0: int,
+                    n_cols: int, block_size: int) -> None:
     C.cuda_tensor(keys, "keys")
     C.dtype(keys, "keys", torch.int64)
     C.dim(keys, "keys", 2, "[rows, n]")
@@ -334,52 +334,61 @@ def _candidate_tile(keys: torch.Tensor, hi: torch.Tensor, col0: int, n_cols: int
     if col0 < 0 or n_cols < 0 or n_cols > keys.shape[1]:
         raise ValueError(f"columns [col0, col0 + n_cols) = [{col0}, {col0 + n_cols}) must start at "
                          f">= 0 with n_cols <= keys.shape[1] = {keys.shape[1]}")
-    if col0 % block_size or n_cols % block_size:
-        raise ValueError(f"col0 ({col0}) and n_cols ({n_cols}) must be multiples of block_size "
-                         f"({block_size}): a block must lie inside one tile")
     _window_bound(hi, "hi", keys)
+    if lo is not None:
+        _window_bound(lo, "lo", keys)
 
 
 def candidate_block_keys(keys: torch.Tensor, *, hi: torch.Tensor, col0: int, n_cols: int,
                          block_size: int, best: torch.Tensor,
-                         visible_blocks: torch.Tensor | None = None) -> torch.Tensor:
-    """DeepSeek-V4.1's candidate-source step on one column tile of a decode (``keys`` [rows, >=
-    n_cols] int64, key j of request-local column ``col0 + j``; row r sees ``[0, hi[r])``): for
-    every block b of ``block_size`` columns that is visible in the tile, ``best[r, b]`` = the
-    block's largest key with its low word replaced by the inverted block id, INT64_MIN when its
-    score is -inf, the score +inf for the row's newest block. Columns past ``hi`` are not read,
-    blocks past it not written. :func:`row_topk_indices` of ``best`` with ``hi`` = the rows'
-    visible blocks then gives the blocks ``deepinfer_sm80.ampere.indexer.CandidateStep`` writes
-    (csrc/index/candidate_blocks.cu). ``visible_blocks`` (int32 [>= rows]): also receives that
-    window, ``ceil(max(hi, 0) / block_size)`` per row."""
-    _candidate_tile(keys, hi, col0, n_cols, block_size)
+                         visible_blocks: torch.Tensor | None = None,
+                         lo: torch.Tensor | None = None, merge: bool = False) -> torch.Tensor:
+    """DeepSeek-V4.1's candidate-source step on one column tile (``keys`` [rows, >= n_cols] int64,
+    key j of column ``col0 + j``; row r sees columns ``[lo[r], hi[r])``, ``lo`` None: 0, and its
+    local position ``c - lo[r]`` is in block ``(c - lo[r]) // block_size``): for every block b
+    visible in the tile, the block's largest key with its low word replaced by the inverted block
+    id, INT64_MIN when its score is -inf, the score +inf for the row's newest block, goes to
+    ``best[r, b]``: written (``merge`` False: a decode's tiles hold whole blocks, so no ``lo``
+    and ``col0``, ``n_cols`` multiples of ``block_size``) or merged by max (``merge``: a
+    prefill's blocks span tiles; ``best`` starts at INT64_MIN). Columns outside the rows'
+    windows are not read, blocks past them not written. :func:`row_topk_indices` of ``best``
+    with ``hi`` = the rows' visible blocks then gives the blocks
+    ``deepinfer_sm80.ampere.indexer.CandidateStep`` writes (csrc/index/candidate_blocks.cu).
+    ``visible_blocks`` (int32 [>= rows]): also receives that window,
+    ``ceil(max(hi - lo, 0) / block_size)`` per row."""
+    _candidate_tile(keys, hi, lo, col0, n_cols, block_size)
+    if not merge and (lo is not None or col0 % block_size or n_cols % block_size):
+        raise ValueError(f"without merge the tile must hold whole blocks: no lo, and col0 ({col0}) "
+                         f"and n_cols ({n_cols}) multiples of block_size ({block_size})")
     if visible_blocks is not None:
         _window_bound(visible_blocks, "visible_blocks", keys)
     C.cuda_tensor(best, "best", keys.device)
     C.dtype(best, "best", torch.int64)
-    need = (col0 + n_cols) // block_size
+    need = 0 if lo is not None else -(-(col0 + n_cols) // block_size)
     if best.dim() != 2 or best.shape[0] < keys.shape[0] or best.shape[1] < need or (
             best.numel() and best.stride(1) != 1):
         raise ValueError(f"best must be int64 [>= {keys.shape[0]}, >= {need}] with a contiguous "
                          f"last dim, got shape {tuple(best.shape)} strides {best.stride()}")
     _ops().candidate_block_keys(best, keys, hi, int(col0), int(n_cols), int(block_size),
-                                visible_blocks)
+                                visible_blocks, lo, bool(merge))
     return best
 
 
 def candidate_mask(keys: torch.Tensor, *, hi: torch.Tensor, col0: int, n_cols: int,
-                   block_size: int, blocks: torch.Tensor) -> torch.Tensor:
-    """DeepSeek-V4.1's mask step on one column tile of a decode, in place: the keys of visible
-    columns (``[0, hi[r])``) whose block is not among ``blocks[r]`` (int32 [>= rows, K], -1 for
-    none) become INT64_MIN; columns past ``hi`` are not touched (csrc/index/candidate_blocks.cu)."""
-    _candidate_tile(keys, hi, col0, n_cols, block_size)
+                   block_size: int, blocks: torch.Tensor,
+                   lo: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek-V4.1's mask step on one column tile, in place: the keys of visible columns
+    (``[lo[r], hi[r])``, ``lo`` None: 0) whose block (of local positions ``c - lo[r]``) is not
+    among ``blocks[r]`` (int32 [>= rows, K], -1 for none) become INT64_MIN; columns outside the
+    window are not touched (csrc/index/candidate_blocks.cu)."""
+    _candidate_tile(keys, hi, lo, col0, n_cols, block_size)
     C.cuda_tensor(blocks, "blocks", keys.device)
     C.dtype(blocks, "blocks", torch.int32)
     if blocks.dim() != 2 or blocks.shape[0] < keys.shape[0] or (
             blocks.shape[1] > 1 and blocks.stride(1) != 1):
         raise ValueError(f"blocks must be int32 [>= {keys.shape[0]}, K] with a contiguous last "
                          f"dim, got shape {tuple(blocks.shape)} strides {blocks.stride()}")
-    _ops().candidate_mask(keys, blocks, hi, int(col0), int(n_cols), int(block_size))
+    _ops().candidate_mask(keys, blocks, hi, int(col0), int(n_cols), int(block_size), lo)
     return keys
 
 
