@@ -2,14 +2,23 @@
 # DeepSeek-V4.1's candidate step with a max_model_len-wide block table
 # (bench/bench_v41_width.py), on the device tool's GPU.
 # Here:   make gpu-bundle; carry dist.
-# There:  bash scripts/device/v41_width.sh [tests|indexer|none]
+# There:  bash scripts/device/v41_width.sh [tests|indexer|none|profile]
 #   tests:   every GPU test first (tests/gpu), then the benchmark
 #   indexer: the indexer's and the layer's GPU tests first
 #   none:    the benchmark only (default)
+#   profile: no test, no benchmark: the step's kernels per call from torch.profiler
+#            (bench/profile_v41_indexer.py) for each BATCH:CTX of $V41W_PROFILE
 # V41W_QUICK=1 runs the benchmark's two quick shapes. Logs and JSON come back in $OUT.
 set -uo pipefail
 MODE=${1:-none}
 source "$(dirname "$0")/bundle_env.sh" v41w
+if [ "$MODE" = profile ]; then
+  for bc in ${V41W_PROFILE:-1:2048 1:65536 64:2048}; do
+    echo "=== profile_v41_indexer --batch ${bc%%:*} --ctx ${bc##*:}"
+    $PY bench/profile_v41_indexer.py --batch "${bc%%:*}" --ctx "${bc##*:}" 2>&1 | tee -a "$OUT/profile.log" || rc=1
+  done
+  echo "v41_width.sh profile rc=$rc"; exit $rc
+fi
 if [ "$MODE" != none ]; then
   t0=$SECONDS
   TESTS=(tests/gpu)
