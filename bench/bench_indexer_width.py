@@ -52,6 +52,17 @@ def widen(s, B, width):
     return s
 
 
+def wide_sets(B, NN, ctx, H, width, g, key_buffers=1):
+    """Input sets of one shape (bench_indexer_keys.make_set, each with ``bt_wide``), as many as
+    rotate past twice the L2: each holds the requests' pages and ``key_buffers`` int64 key tiles
+    of the decode (one column tile of its tile budget)."""
+    rows = B * NN
+    tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
+    per_set = B * -(-ctx // BS) * BS * (128 + 4) + rows * min(tile, width) * 8 * key_buffers
+    return [widen(make_set(B, NN, ctx, H, g), B, width)
+            for _ in range(common.rotation_count(per_set, max_sets=6))], tile
+
+
 def with_env(env: dict, fn):
     """fn() with the environment variables ``env`` set (and restored after)."""
     old = {k: os.environ.get(k) for k in env}
@@ -98,10 +109,7 @@ def main(argv=None) -> int:
     for B, NN, ctx, H, width in (QUICK if args.quick else SHAPES):
         shape = f"{B} req x {NN} rows, ctx {ctx}, {H} heads, width {width}"
         rows = B * NN
-        tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
-        per_set = B * -(-ctx // BS) * BS * (128 + 4) + rows * min(tile, width) * 8
-        sets = [widen(make_set(B, NN, ctx, H, g), B, width)
-                for _ in range(common.rotation_count(per_set, max_sets=6))]
+        sets, tile = wide_sets(B, NN, ctx, H, width, g)
         s0 = sets[0]
         variants = [("wide, whole rows", "bt_wide", "0", "1"), ("wide, window", "bt_wide", "1", "1"),
                     ("wide, window, one block per row", "bt_wide", "1", "0"),

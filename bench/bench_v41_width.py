@@ -25,8 +25,8 @@ import torch
 import _paths  # noqa: E402,F401  (overlay/ on sys.path)
 
 import common  # noqa: E402
-from bench_indexer_keys import BS, TOPK, make_set  # noqa: E402
-from bench_indexer_width import widen, with_env  # noqa: E402
+from bench_indexer_keys import BS, TOPK  # noqa: E402
+from bench_indexer_width import wide_sets, with_env  # noqa: E402
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
 CAND_BLOCKS, CAND_BS = 2048, 8
@@ -73,10 +73,7 @@ def main(argv=None) -> int:
     for B, NN, ctx, H, width in (QUICK if args.quick else SHAPES):
         shape = f"{B} req x {NN} rows, ctx {ctx}, width {width}"
         rows = B * NN
-        tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
-        per_set = B * -(-ctx // BS) * BS * (128 + 4) + rows * min(tile, width) * 8 * 2
-        sets = [widen(make_set(B, NN, ctx, H, g), B, width)
-                for _ in range(common.rotation_count(per_set, max_sets=6))]
+        sets, _ = wide_sets(B, NN, ctx, H, width, g, key_buffers=2)
         for s in sets:  # the blocks a mask layer reads: those its source layer wrote
             s["cand"] = torch.full((rows, CAND_BLOCKS), -1, dtype=torch.int32, device="cuda")
             with_env({"DEEPINFER_CANDIDATE_KERNEL": "0"}, lambda: I.decode_topk(

@@ -109,7 +109,6 @@ class CandidateStep:
         see [``lo``, ``hi``) (int32 [r1 - r0], global columns; visible = hi - lo), its blocks
         spanning column tiles."""
         self.r0, self.r1 = r0, r1
-        self.visible = visible.to(torch.int64)
         nb = max(1, -(-width // self.block_size))
         dev = visible.device
         self.kernels = kernels
@@ -123,6 +122,7 @@ class CandidateStep:
                 # written by every tile's kernel: ceil(visible / block_size)
                 self.visible_blocks = torch.empty(r1 - r0, dtype=torch.int32, device=dev)
             return
+        self.visible = visible.to(torch.int64)  # (the torch form's finish)
         if self.write:
             # best key per (row, block): the key order is the score order
             self.best = torch.full((r1 - r0, nb), INT64_MIN, dtype=torch.int64, device=dev)
@@ -543,9 +543,10 @@ def decode_topk(
     scorer = _scorer_choice(scorer)
     use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)
     cuda_topk = use_cuda and _cuda_row_topk(scorer, q_fp8, topk)
-    if candidates is not None and not (use_cuda or _use_triton(scorer, q_fp8)):
+    fused = use_cuda or _use_triton(scorer, q_fp8)
+    if candidates is not None and not fused:  # (the fused scorers' step begins below)
         candidates.begin(0, rows, hi, maxb * block_size)
-    if use_cuda or _use_triton(scorer, q_fp8):
+    if fused:
         if use_cuda:
             from deepinfer_sm80.ops.indexer import indexer_paged_keys as score_keys
         else:
