@@ -41,7 +41,7 @@ from deepinfer_sm80.ops import indexer as OI  # noqa: E402
 SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 1, 262144, 64, 262144),
           (1, 6, 65536, 64, 262144), (1, 6, 2048, 64, 262144),
           (8, 1, 8192, 64, 262144), (64, 1, 2048, 64, 262144), (1, 1, 2048, 64, 32768),
-          (128, 1, 4096, 32, 32768)]
+          (128, 1, 4096, 32, 32768), (256, 1, 2048, 64, 262144), (64, 6, 2048, 64, 262144)]
 QUICK = [(1, 1, 2048, 64, 262144), (64, 1, 2048, 64, 262144)]
 
 
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default all)")
     ap.add_argument("--label", default="", help="prefix of the impl names (e.g. the build)")
     args = ap.parse_args(argv)
     # $DEEPINFER_INDEXER_WINDOW=0 from the caller: the build has no window (a base build in a
@@ -106,7 +107,10 @@ def main(argv=None) -> int:
         "call, input sets rotated past 2x L2")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
-    for B, NN, ctx, H, width in (QUICK if args.quick else SHAPES):
+    shapes = QUICK if args.quick else SHAPES
+    if args.shapes:
+        shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]
+    for B, NN, ctx, H, width in shapes:
         shape = f"{B} req x {NN} rows, ctx {ctx}, {H} heads, width {width}"
         rows = B * NN
         sets, tile = wide_sets(B, NN, ctx, H, width, g)

@@ -171,10 +171,10 @@ def test_cuda_merges_pass_the_window_and_best_or_concatenate(monkeypatch):
         def op_takes(op, arg):
             return takes["v"]
 
-    calls = []
+    calls, outs = [], []
     monkeypatch.setattr(I, "_cuda_indexer", lambda: Ext)
     monkeypatch.setattr(OI, "row_topk_keys", lambda keys, k, out=None, **kw: calls.append(
-        ("keys", tuple(keys.shape), kw)) or keys[:, :k])
+        ("keys", tuple(keys.shape), kw)) or outs.append(out) or keys[:, :k])
     monkeypatch.setattr(OI, "row_topk_indices", lambda keys, k, out=None, **kw: calls.append(
         ("indices", tuple(keys.shape), kw)))
     monkeypatch.delenv("DEEPINFER_INDEXER_WINDOW", raising=False)
@@ -194,3 +194,5 @@ def test_cuda_merges_pass_the_window_and_best_or_concatenate(monkeypatch):
         ("keys", (2, 5), ["best", "col0", "hi", "lo"]), ("indices", (2, 5), ["col0", "hi", "lo"]),
         ("keys", (2, 8), []), ("indices", (2, 8), []), ("keys", (2, 8), [])]
     assert calls[0][2]["best"] is best and calls[0][2]["hi"] is hi and calls[0][2]["col0"] == 7
+    # the windowed merge runs in place (out is the running best); the concatenating ones do not
+    assert outs[0] is best and outs[1] is None and outs[2] is None

@@ -176,6 +176,19 @@ static void check_window(const at::Tensor& t, const char* name, const at::Tensor
 // The row top-k's checks and launch; out is int64 keys or (as_indices) int32 column indices.
 // hi (and lo): the visible window of each row, see RowTopkParams (index_kernels.h).
 // best: a running best [>= rows, m] merged in front of the window (RowTopkParams::win_head).
+// Whether the bytes two 2-D tensors span (first to last element, row strides >= 0) intersect.
+bool row_topk_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  auto span = [](const at::Tensor& t) {
+    const auto* p = static_cast<const char*>(t.data_ptr());
+    const int64_t last = (t.size(0) - 1) * t.stride(0) + (t.size(1) - 1) * t.stride(1);
+    return std::make_pair(p, p + (last + 1) * static_cast<int64_t>(t.element_size()));
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indices,
               const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi, int64_t col0,
               int64_t prefix, const std::optional<at::Tensor>& best) {
@@ -203,6 +216,14 @@ void row_topk(at::Tensor& out, const at::Tensor& keys, int64_t k, bool as_indice
     TORCH_CHECK(best->dim() == 2 && best->size(0) >= keys.size(0) && best->stride(1) == 1 &&
                     best->size(1) <= INT32_MAX - keys.size(1),
                 "best must be int64 [>= rows, m] with a contiguous last dim");
+  }
+  // out may be best itself (the same rows: a running best merged in place; each row's block reads
+  // its keys before it writes), nothing else it overlaps
+  TORCH_CHECK(!row_topk_overlap(out, keys), "out must not overlap keys");
+  if (best.has_value()) {
+    const bool in_place = out.data_ptr() == best->data_ptr() && out.stride(0) == best->stride(0);
+    TORCH_CHECK(in_place || !row_topk_overlap(out, *best),
+                "out must be best itself (the same data and row stride) or not overlap it");
   }
   if (keys.size(0) == 0) return;
   c10::cuda::CUDAGuard guard(dev);

@@ -167,6 +167,30 @@ indexer_rows_kernel(const IndexerKeysParams p) {
     swin[tid] = make_int4(v0, v1, lo, kPaged ? p.row_req[row0 + tid] : 0);
   }
 
+  __syncthreads();  // the windows are in shared memory
+  int U0 = p.n_cols, U1 = 0;
+  for (int r = 0; r < live; ++r) {
+    const int4 win = swin[r];
+    if (win.x < win.y) {
+      U0 = min(U0, win.x);
+      U1 = max(U1, win.y);
+    }
+  }
+  if (p.fill) {  // [a, e) minus [U0, U1): [a, f) and [g, e)
+    const int a = blockIdx.y * p.chunk, e = min(a + p.chunk, p.n_cols);
+    const int f = min(e, U0), g = max(max(a, U1), f);
+    for (int r = 0; r < live; ++r) {
+      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0;
+      for (int c = a + tid; c < f; c += kWarps * 32) out[c] = kKeyMin;
+      for (int c = g + tid; c < e; c += kWarps * 32) out[c] = kKeyMin;
+    }
+  }
+  const int cv = visible_chunk(U1 > U0 ? U1 - U0 : 0, gridDim.y, kPairCols, p.chunk);
+  const int64_t c_first = static_cast<int64_t>(U0) + static_cast<int64_t>(blockIdx.y) * cv;
+  if (c_first >= U1) return;  // before Q: the column tiles past every row's context are cheap
+  const int c_begin = static_cast<int>(c_first);  // first column of the block, local to the call
+  const int ncols = min(cv, U1 - c_begin);
+  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the block
   // Q of the block's rows as fp16 (x 2^-8) in the order lane (g, t) reads its B fragments: the
   // 16-byte chunk (s, half) of a head row holds, for t = 0..3, codes 32t + 4s + 2 half + {0, 1}.
   // A NaN code anywhere in a head's row makes element 0 NaN: every dot product of the head.
@@ -198,31 +222,7 @@ indexer_rows_kernel(const IndexerKeysParams p) {
     }
     sw[i] = p.w[static_cast<int64_t>(row0 + r) * p.heads + h] * 65536.0f;
   }
-  __syncthreads();  // the windows and Q are in shared memory
-  int U0 = p.n_cols, U1 = 0;
-  for (int r = 0; r < live; ++r) {
-    const int4 win = swin[r];
-    if (win.x < win.y) {
-      U0 = min(U0, win.x);
-      U1 = max(U1, win.y);
-    }
-  }
-  if (p.fill) {  // [a, e) minus [U0, U1): [a, f) and [g, e)
-    const int a = blockIdx.y * p.chunk, e = min(a + p.chunk, p.n_cols);
-    const int f = min(e, U0), g = max(max(a, U1), f);
-    for (int r = 0; r < live; ++r) {
-      int64_t* out = p.out + static_cast<int64_t>(row0 + r) * p.out_stride0;
-      for (int c = a + tid; c < f; c += kWarps * 32) out[c] = kKeyMin;
-      for (int c = g + tid; c < e; c += kWarps * 32) out[c] = kKeyMin;
-    }
-  }
-  const int cv = visible_chunk(U1 > U0 ? U1 - U0 : 0, gridDim.y, kPairCols, p.chunk);
-  const int64_t c_first = static_cast<int64_t>(U0) + static_cast<int64_t>(blockIdx.y) * cv;
-  if (c_first >= U1) return;
-  const int c_begin = static_cast<int>(c_first);  // first column of the block, local to the call
-  const int ncols = min(cv, U1 - c_begin);
-  const int64_t base = static_cast<int64_t>(p.col0) + c_begin;  // global column of the block
-  __syncthreads();  // every thread has read the call-local windows
+  __syncthreads();  // every thread has read the call-local windows; Q is in shared memory
   if (tid < live) {  // block-local windows [v0, v1) (empty when v0 >= v1)
     const int4 win = swin[tid];
     swin[tid] = make_int4(max(win.x - c_begin, 0), min(win.y - c_begin, ncols), win.z, win.w);

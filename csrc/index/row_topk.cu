@@ -215,11 +215,13 @@ __device__ __forceinline__ void row_topk_body(const RowTopkParams& p, const RowT
   const bool staged = n > k && n <= p.stage_max;  // the row goes to cand[0, n) in the first pass
   if constexpr (kHead) {
     // An empty window behind k prefix keys that are already in descending order (a previous
-    // top-k's output: the column tiles of a decode past every context): they are the result.
+    // top-k's output: the column tiles of a decode past every context): they are the result,
+    // already in place when out is the running best itself (nothing to write).
     if (n == pre && pre == k) {
       bool sorted = true;
       for (int i = tid; i + 1 < k; i += kThreads) sorted &= head[i] >= head[i + 1];
       if (__syncthreads_and(sorted)) {
+        if (p.out != nullptr && p.out == p.win_head && p.out_stride == p.win_head_stride) return;
         for (int i = tid; i < k; i += kThreads) {
           const int64_t key = head[i];
           if (p.out_idx != nullptr) {

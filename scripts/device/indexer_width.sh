@@ -7,7 +7,11 @@
 # runs the indexer GPU tests on the new build (WIDTH_TESTS=0 skips them), then, for base and
 # new: bench_indexer_width.py (base with $DEEPINFER_INDEXER_WINDOW=0: its row top-k has no
 # window) and, with WIDTH_KEYS=1, bench_indexer_keys.py --quick (the usual decode shapes, whose
-# block tables are as wide as their contexts). JSON and logs come back in $OUT.
+# block tables are as wide as their contexts). $WIDTH_BASE_ENV: the base's environment (default
+# DEEPINFER_INDEXER_WINDOW=0, for a base built before the window; "" for a later base).
+# $WIDTH_PROFILE="B:CTX:WIDTH ...": then bench/profile_v41_indexer.py --plain --timeline of each,
+# for base and new (the kernels of one call, one by one). $WIDTH_SHAPES: indices into the
+# benchmark's SHAPES (default all). JSON and logs come back in $OUT.
 set -uo pipefail
 BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
@@ -15,7 +19,7 @@ source "$(dirname "$0")/bundle_env.sh" width
 build_ab_pair "$BASE_TGZ" || exit 1
 if [ "${WIDTH_TESTS:-1}" != 0 ]; then
   t0=$SECONDS
-  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \
+  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_candidate_kernels.py tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \
     tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py \
     > "$OUT/gpu-tests.log" 2>&1 || rc=1
   echo "indexer GPU tests (new): $(tail -1 "$OUT/gpu-tests.log") ($((SECONDS - t0)) s)"
@@ -23,10 +27,11 @@ if [ "${WIDTH_TESTS:-1}" != 0 ]; then
 fi
 for v in base new; do
   t0=$SECONDS
-  env_v=(); [ "$v" = base ] && env_v=(DEEPINFER_INDEXER_WINDOW=0)
+  env_v=(); [ "$v" = base ] && read -ra env_v <<< "${WIDTH_BASE_ENV-DEEPINFER_INDEXER_WINDOW=0}"
   env "${env_v[@]}" DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so \
     DEEPINFER_BENCH_COMMAND="bash scripts/device/indexer_width.sh ($v build)" \
-    $PY bench/bench_indexer_width.py --no-doc --label "$v" > "$OUT/width-$v.log" 2>&1 || rc=1
+    $PY bench/bench_indexer_width.py --no-doc --label "$v" ${WIDTH_SHAPES:+--shapes "$WIDTH_SHAPES"} \
+    > "$OUT/width-$v.log" 2>&1 || rc=1
   echo "--- bench_indexer_width, $v ($((SECONDS - t0)) s)"
   grep -E "^\||PASS|FAIL|Error" "$OUT/width-$v.log" | head -60
   if [ "${WIDTH_KEYS:-0}" = 1 ]; then
@@ -35,6 +40,14 @@ for v in base new; do
     echo "--- bench_indexer_keys --quick, $v"
     grep -E "^\||FAIL|Error" "$OUT/keys-$v.log" | grep -E "decode_topk|scorer|top-k|FAIL|Error" | head -40
   fi
+  for bcw in ${WIDTH_PROFILE:-}; do
+    IFS=: read -r b c w <<< "$bcw"
+    echo "--- profile $v: batch $b, ctx $c, table $w" | tee -a "$OUT/profile-$v.log"
+    env "${env_v[@]}" DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so timeout 120 \
+      $PY bench/profile_v41_indexer.py --plain --timeline --batch "$b" --ctx "$c" --width "$w" \
+      >> "$OUT/profile-$v.log" 2>&1 || rc=1
+    grep -E "^##|Error" "$OUT/profile-$v.log" | tail -1
+  done
 done
 find bench/results -name 'bench_indexer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
 echo "indexer_width.sh rc=$rc"; exit $rc

@@ -258,6 +258,46 @@ def test_empty_window_behind_a_best_of_k(rng, k):
         assert torch.equal(idx.cpu(), I.keys_to_indices(want).cpu())
 
 
+@pytest.mark.parametrize("k", [5, 512, 2048])
+def test_merge_in_place_into_the_running_best(rng, k):
+    """``out=best``: the decode's merges write the new running best over the old one. Rows with
+    windows of every kind (empty: a column tile past the context, the sorted best left as it is
+    and not written; short, long, staged and not) give what the out-of-place merge and
+    torch.topk give; an unsorted best with an empty window is still selected and sorted."""
+    n, col0 = 12000, 4096
+    windows = [(0, 100), (col0, col0 + 50), (col0, col0 + n), (col0 + 300, col0 + 9000),
+               (col0 + n, col0 + n + 10), (col0 + 7, col0 + 7 + 8193), (0, col0)]
+    keys, lo, hi = _windowed_row(rng, len(windows), n, col0, 0, windows)
+    raw = I.order_keys(torch.randn(len(windows), k, generator=rng),
+                       torch.arange(k).unsqueeze(0) + 50000,
+                       torch.rand(len(windows), k, generator=rng) > 0.3).to(DEV)
+    for best0 in (_want(raw, k), raw):  # sorted (a previous merge's output), then as drawn
+        want = _want(torch.cat([best0, keys], 1), k)
+        apart = OI.row_topk_keys(keys, k, lo=lo, hi=hi, col0=col0, best=best0)
+        best = best0.clone()
+        got = OI.row_topk_keys(keys, k, best, lo=lo, hi=hi, col0=col0, best=best)
+        torch.cuda.synchronize()
+        assert got is best
+        assert torch.equal(got.cpu(), want.cpu()) and torch.equal(apart.cpu(), want.cpu())
+
+
+def test_out_overlapping_keys_or_best_is_refused():
+    """``out`` may be ``best`` itself, nothing else it overlaps (rows of one block would read
+    what another block writes): refused by the wrapper and by the op."""
+    keys = torch.zeros(2, 8, dtype=torch.int64, device=DEV)
+    hi = torch.full((2,), 4, dtype=torch.int32, device=DEV)
+    best = torch.zeros(2, 9, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="out must not overlap keys"):
+        OI.row_topk_keys(keys, 4, keys[:, 2:6], hi=hi)
+    with pytest.raises(ValueError, match="out must be best itself"):
+        OI.row_topk_keys(keys, 4, best[:, 1:5], hi=hi, best=best[:, :4])
+    with pytest.raises(RuntimeError, match="out must not overlap keys"):
+        torch.ops.deepinfer_sm80.row_topk_keys(keys[:, 2:6], keys, 4, None, hi, 0, 0, None)
+    with pytest.raises(RuntimeError, match="out must be best itself"):
+        torch.ops.deepinfer_sm80.row_topk_keys(best[:, 1:5], keys, 4, None, hi, 0, 0, best[:, :4])
+    OI.row_topk_keys(keys, 4, best[:, :4], hi=hi, best=best[:, :4])  # in place: accepted
+
+
 def test_window_skips_the_keys_outside_it(rng):
     """The window is a promise: keys outside it are not read. Non-INT64_MIN keys planted
     outside every window must not appear in the result (they would, were the row read)."""

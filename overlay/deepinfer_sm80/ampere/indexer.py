@@ -243,7 +243,10 @@ def merge_topk(best: torch.Tensor | None, keys: torch.Tensor, k: int,
         from deepinfer_sm80.ops.indexer import row_topk_keys
 
         keys_in, kw = _topk_operands(best, keys, window)
-        return row_topk_keys(keys_in, k, **kw)
+        # in place where best is read as the prefix ([rows, k], from the last merge): a column
+        # tile past every row's context then writes nothing
+        out = best if "best" in kw and best.shape[1] == k else None
+        return row_topk_keys(keys_in, k, out, **kw)
     cat = keys if best is None else torch.cat([best, keys], dim=1)
     if cat.shape[1] < k:
         pad = torch.full((cat.shape[0], k - cat.shape[1]), INT64_MIN, dtype=cat.dtype,

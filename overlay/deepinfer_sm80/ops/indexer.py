@@ -250,6 +250,19 @@ def _window_bound(t: torch.Tensor, name: str, keys: torch.Tensor) -> None:
                          f"{keys.shape[0]}), got shape {tuple(t.shape)} strides {t.stride()}")
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes two 2-D tensors span (first to last element) intersect."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        last = (t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1)
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch.dtype,
               op: str, lo: torch.Tensor | None = None, hi: torch.Tensor | None = None,
               col0: int = 0, prefix: int = 0, best: torch.Tensor | None = None) -> torch.Tensor:
@@ -284,6 +297,12 @@ def _row_topk(keys: torch.Tensor, k: int, out: torch.Tensor | None, dtype: torch
         if best.dim() != 2 or best.shape[0] < keys.shape[0] or (best.numel() and best.stride(1) != 1):
             raise ValueError(f"best must be int64 [>= {keys.shape[0]}, m] with a contiguous last "
                              f"dim, got shape {tuple(best.shape)} strides {best.stride()}")
+    # out may be best itself (a running best merged in place), nothing else it overlaps
+    if _overlap(out, keys):
+        raise ValueError("out must not overlap keys")
+    if best is not None and _overlap(out, best) and not (
+            out.data_ptr() == best.data_ptr() and out.stride(0) == best.stride(0)):
+        raise ValueError("out must be best itself (the same data and row stride) or not overlap it")
     if hi is None:  # (the call of builds before the window, too)
         getattr(_ops(), op)(out, keys, int(k))
     elif best is None:
@@ -307,7 +326,8 @@ def row_topk_keys(keys: torch.Tensor, k: int, out: torch.Tensor | None = None, *
     without reading a row as wide as the block table (a vLLM decode's columns span
     ``max_model_len``, its rows only their context). ``best`` [>= rows, m] (with ``hi``, no
     ``prefix``): a running best merged in front of ``keys``, which are then all window columns
-    (the top-k of ``cat([best, keys])`` without the copy)."""
+    (the top-k of ``cat([best, keys])`` without the copy); ``out`` may be ``best`` itself (the
+    merge in place: a row whose window is empty then writes nothing)."""
     return _row_topk(keys, k, out, torch.int64, "row_topk_keys", lo, hi, col0, prefix, best)
 
 
