@@ -142,9 +142,11 @@ def oracle_indexer_topk(w, r: int, pos: int, iq: torch.Tensor, iw: torch.Tensor)
     return order[:TOPK]
 
 
-def oracle_token(w, r: int, pos: int, q: torch.Tensor, compressed: list[int]) -> torch.Tensor:
-    """float64 attention output [H, 512] of one query token."""
-    lo = max(0, pos - WINDOW + 1)
+def oracle_token(w, r: int, pos: int, q: torch.Tensor, compressed: list[int],
+                 floor: int = 0) -> torch.Tensor:
+    """float64 attention output [H, 512] of one query token; the window starts at ``floor``
+    or later (a V4.1 request's gathered window after a prefix-cache hit: SWA bounded replay)."""
+    lo = max(0, pos - WINDOW + 1, floor)
     p = torch.arange(lo, pos + 1, device=w.device)
     slots = w.swa_bt[r, p // SWA_BS].long() * SWA_BS + p % SWA_BS
     rows = read_fp8_ds_mla_rows(w.swa_cache, slots, torch.float64)
@@ -159,14 +161,18 @@ def oracle_token(w, r: int, pos: int, q: torch.Tensor, compressed: list[int]) ->
     return (e @ rows) / den.unsqueeze(1)
 
 
-def v41_topk(w, positions: list[int], g: torch.Generator) -> torch.Tensor:
+def v41_topk(w, positions: list[int], g: torch.Generator, holes: float = 0.0) -> torch.Tensor:
     """A V4.1 indexer's output for these tokens: per token, up to TOPK distinct
-    request-local compressed indices below (pos + 1) // ratio in random order, -1 after."""
+    request-local compressed indices below (pos + 1) // ratio in random order, -1 after.
+    ``holes``: that fraction of them -1 instead (failed candidates: a masked indexer of the
+    two-level selection can select fewer than (pos + 1) // ratio)."""
     out = torch.full((len(positions), TOPK), -1, dtype=torch.int32)
     for t, p in enumerate(positions):
         n = (p + 1) // w.ratio
-        pick = torch.randperm(n, generator=g)[:TOPK]
-        out[t, : pick.numel()] = pick.int()
+        pick = torch.randperm(n, generator=g)[:TOPK].int()
+        if holes:
+            pick[torch.rand(pick.numel(), generator=g) < holes] = -1
+        out[t, : pick.numel()] = pick
     return out.to(w.device)
 
 
@@ -229,8 +235,11 @@ def decode_metadata(w, next_n: int, pad_rows: int = 2):
     return md
 
 
-def prefill_metadata(w, query_lens: list[int]):
-    """One prefill chunk per request: the last ``query_lens[r]`` positions."""
+def prefill_metadata(w, query_lens: list[int], replay_starts: list[int] | None = None):
+    """One prefill chunk per request: the last ``query_lens[r]`` positions. ``replay_starts``:
+    a V4.1 request's replay start after a prefix-cache hit (vLLM's ComputePrefillMetadataKernel,
+    v1/attention/backends/mla/sparse_swa.py): its gather length leaves out the context below
+    it, and the window of a query token starts no earlier than the gathered buffer."""
     dev = w.device
     seq = w.seq_lens
     tok_req, tok_pos = [], []
@@ -241,8 +250,11 @@ def prefill_metadata(w, query_lens: list[int]):
     qsl = [0]
     for ql in query_lens:
         qsl.append(qsl[-1] + ql)
-    gather = [ql + min(L - ql, WINDOW - 1) for L, ql in zip(seq, query_lens)]
+    replay = replay_starts or [0] * len(seq)
+    gather = [ql + min(max(L - ql - rs, 0), WINDOW - 1)
+              for L, ql, rs in zip(seq, query_lens, replay)]
     md = SimpleNamespace(
+        swa_floor=[L - gl for L, gl in zip(seq, gather)],  # the gathered window's first position
         T=len(tok_req), tok_req=tok_req, tok_pos=tok_pos, query_lens=query_lens,
         seq_lens=torch.tensor(seq, dtype=torch.int32, device=dev),
         gather_lens=torch.tensor(gather, dtype=torch.int32, device=dev),
@@ -351,7 +363,7 @@ def run_prefill(w, md, ops, ws, q, iq, iw, topk=None):
                     compressed_block_size=w.cbs if w.compressed else None,
                     topk_indices=topk, compress_ratio=w.ratio, window_size=WINDOW,
                     scale=w.scale, attn_sink=w.attn_sink, chunk_plan=plan, max_tokens=md.T,
-                    swa_only=not w.compressed)
+                    swa_only=not w.compressed, v41=w.v41)
     return out, topk
 
 
@@ -370,7 +382,8 @@ def check_against_oracle(w, md, q, iq, iw, out, topk, topk_rows_local=True):
                 mismatches += 1
                 assert is_close_to_tie(w, r, p, iq[t], iw[t], got, set(comp)), (t, p)
                 comp = sorted(got)  # attend what was selected (near-tie swap)
-        ref = oracle_token(w, r, p, q[t], comp)
+        floors = getattr(md, "swa_floor", None)
+        ref = oracle_token(w, r, p, q[t], comp, floors[r] if floors else 0)
         worst = max(worst, rel_err(out[t], ref))
     return worst, mismatches, md.T
 

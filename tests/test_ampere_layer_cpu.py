@@ -70,3 +70,23 @@ def test_v41_prefill_chunk_matches_oracle(ratio, seq_lens, qlens):
     out, _ = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw, topk=topk)
     worst, mism, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
     assert worst <= 2e-2, worst
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_v41_prefill_after_a_prefix_hit_and_failed_candidates(ratio):
+    """DeepSeek-V4.1's combine (``forward_prefill(v41=True)``): after a prefix-cache hit the
+    request's gathered window starts at its replay start (vLLM's ``swa_bounded_replay``, on by
+    default), so the first query tokens see a shorter window, not rows before the buffer
+    (which V4's combine would index: the compressed region or the previous request); and a
+    -1 inside a token's first (pos + 1) // ratio top-k entries (a failed candidate) is
+    skipped, not read as the previous request's last row. Four requests in one chunk."""
+    seq, qlens, replay = [900, 700, 520, 300], [150, 200, 60, 300], [750, 500, 400, 0]
+    w = C.build_world(ratio=ratio, seq_lens=seq, heads=8, device="cpu", seed=50 + ratio, v41=True)
+    md = C.prefill_metadata(w, qlens, replay_starts=replay)
+    assert md.swa_floor[:3] == [750, 500, 400]  # windows cut at the replay start
+    g = torch.Generator().manual_seed(11)
+    q, iq, iw = C.make_queries(w, md.tok_pos, g)
+    topk = C.v41_topk(w, md.tok_pos, g, holes=0.3)
+    out, _ = C.run_prefill(w, md, OPS, L.Workspace(), q, iq, iw, topk=topk)
+    worst, _, n = C.check_against_oracle(w, md, q, iq, iw, out, topk)
+    assert worst <= 2e-2, worst

@@ -88,3 +88,58 @@ def test_combine_image_visibility():
     idx2, lens2 = RI.combine_topk_swa_indices(topk, qsl, seq, gat, 4, 4, 0, 0, 0,
                                               max_image_tokens=6)
     assert idx2[0, :5].tolist() == [6, 7, 8, 9, -1] and lens2[0].item() == 4
+
+
+def test_combine_v41_hand_worked():
+    """DeepSeek-V4.1's combine (v41): one request after a prefix-cache hit. W=4, ratio=2,
+    topk=3, M=100, N=50; seq 10, query 3 (positions 7, 8, 9), replay start 6, so vLLM's gather
+    length is 3 + min(max(7 - 6, 0), 3) = 4 and the gathered buffer starts at position 6."""
+    topk = torch.tensor([[5, -1, 2, 9], [1, 50, 3, 9], [-1, -1, -1, 9]], dtype=torch.int32)
+    qsl = torch.tensor([0, 3], dtype=torch.int32)
+    seq = torch.tensor([10], dtype=torch.int32)
+    gat = torch.tensor([4], dtype=torch.int32)
+    idx, lens = RI.combine_topk_swa_indices(topk, qsl, seq, gat, 4, 2, 3, 100, 50, v41=True)
+    # pos 7: k = min(8 // 2, 3) = 3; -1 stays -1; V4 would start the window at 4 (before the
+    # buffer: 50 + 4 - 6 = 48, a compressed row); V4.1 at max(4, 6) = 6 -> 50, len 2
+    assert idx[0, :6].tolist() == [5, -1, 2, 50, 51, -1] and lens[0].item() == 5
+    # pos 8: 50 is >= N (out of the pool) -> -1; window [6, 8] -> 50..52
+    assert idx[1, :7].tolist() == [1, -1, 3, 50, 51, 52, -1] and lens[1].item() == 6
+    # pos 9: window [6, 9] (4 = W positions)
+    assert idx[2, :8].tolist() == [-1, -1, -1, 50, 51, 52, 53, -1] and lens[2].item() == 7
+    v4, v4_lens = RI.combine_topk_swa_indices(topk, qsl, seq, gat, 4, 2, 3, 100, 50)
+    assert v4[0, :7].tolist() == [5, -1, 2, 48, 49, 50, 51] and v4_lens[0].item() == 7
+    # ratio 0 (a V4.1 SWA-only layer): no top-k part whatever topk says
+    idx0, lens0 = RI.combine_topk_swa_indices(topk, qsl, seq, gat, 4, 0, 3, 100, 50, v41=True)
+    assert idx0[0, :3].tolist() == [50, 51, -1] and lens0.tolist() == [2, 3, 4]
+    with pytest.raises(ValueError, match="no image"):
+        RI.combine_topk_swa_indices(topk, qsl, seq, gat, 4, 2, 3, 100, 50, max_image_tokens=8,
+                                    v41=True)
+
+
+@pytest.mark.parametrize("v41", [False, True])
+def test_portable_combine_equals_the_reference(v41):
+    """The portable (torch) combine that CPU runs and builds without the extension use, against
+    the reference: random requests, replay gather lengths, -1 and >= N top-k entries."""
+    from deepinfer_sm80.ampere import portable
+
+    g = torch.Generator().manual_seed(5)
+    qlen = torch.tensor([37, 1, 90, 12])
+    seq = (qlen + torch.tensor([300, 0, 1000, 5])).int()
+    prefix = seq.long() - qlen
+    rs = torch.tensor([250, 0, 990, 0])
+    gat = (qlen + (prefix - rs).clamp(min=0).clamp(max=127)).int() if v41 else \
+        (qlen + prefix.clamp(max=127)).int()
+    qsl = torch.zeros(5, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(qlen, 0)
+    T = int(qsl[-1])
+    N = 400
+    topk = torch.randint(0, N, (T, 512), generator=g, dtype=torch.int32)
+    if v41:
+        topk[torch.rand(T, 512, generator=g) < 0.1] = -1
+        topk[torch.rand(T, 512, generator=g) < 0.05] = N + 1
+    for ratio in ([0, 1, 4] if v41 else [1, 4]):
+        kw = {"v41": True} if v41 else {}
+        want = RI.combine_topk_swa_indices(topk, qsl, seq, gat, 128, ratio, 512, 2000, N, **kw)
+        got = portable.combine_topk_swa_indices(topk, qsl, seq, gat, 128, ratio, 512, 2000, N,
+                                                **kw)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), ratio

@@ -82,6 +82,24 @@ def test_combine_rejects(rec, arg, value, match):
     assert not rec.calls
 
 
+def test_combine_v41_reaches_op_with_its_flag(rec, monkeypatch):
+    """v41=True (DeepSeek-V4.1's combine) passes the flag last, takes ratio 0, refuses images;
+    an extension built before the flag is refused with how to fix it, not called without it."""
+    monkeypatch.setattr(ops_index, "_takes_v41", lambda: True)
+    kw = _combine_args()
+    ops_index.combine_topk_swa_indices(**kw, v41=True)
+    ops_index.combine_topk_swa_indices(**{**kw, "compress_ratio": 0}, v41=True)
+    assert [c[1][-1] for c in rec.calls] == [True, True] and rec.calls[1][1][7] == 0
+    with pytest.raises(ValueError, match="no image visibility"):
+        ops_index.combine_topk_swa_indices(**kw, max_image_tokens=16, v41=True)
+    with pytest.raises(ValueError, match="compress_ratio must be >= 1"):
+        ops_index.combine_topk_swa_indices(**{**kw, "compress_ratio": 0})
+    monkeypatch.setattr(ops_index, "_takes_v41", lambda: False)
+    with pytest.raises(RuntimeError, match="make build"):
+        ops_index.combine_topk_swa_indices(**kw, v41=True)
+    assert len(rec.calls) == 2
+
+
 def test_combine_non_contiguous_topk_is_copied(rec):
     kw = _combine_args()
     kw["topk_indices"] = torch.zeros(8, 4, dtype=torch.int32).t()  # stride(1) != 1

@@ -74,7 +74,7 @@ void combine_topk_swa_indices(at::Tensor& idx, at::Tensor& lens, const at::Tenso
                               int64_t compress_ratio, int64_t topk, int64_t M, int64_t N,
                               const std::optional<at::Tensor>& left_visible,
                               const std::optional<at::Tensor>& right_visible,
-                              int64_t max_image_tokens, int64_t sm_count) {
+                              int64_t max_image_tokens, int64_t sm_count, bool v41) {
   const at::Device dev = topk_indices.device();
   api::check_cuda(topk_indices, "topk_indices", dev);
   api::check_dtype(topk_indices, "topk_indices", at::kInt);
@@ -83,8 +83,12 @@ void combine_topk_swa_indices(at::Tensor& idx, at::Tensor& lens, const at::Tenso
   const int64_t T = topk_indices.size(0);
   TORCH_CHECK(topk >= 0 && topk <= topk_indices.size(1), "topk=", topk,
               " must be in [0, topk_indices.shape[1]=", topk_indices.size(1), "]");
-  TORCH_CHECK(window_size >= 1 && compress_ratio >= 1 && max_image_tokens >= 0,
-              "window_size and compress_ratio must be >= 1, max_image_tokens >= 0");
+  // V4.1's kernel takes ratio 0 (an SWA-only layer: no top-k column) and has no image path
+  TORCH_CHECK(window_size >= 1 && compress_ratio >= (v41 ? 0 : 1) && max_image_tokens >= 0,
+              "window_size and compress_ratio must be >= 1 (v41: ratio >= 0), max_image_tokens >= 0");
+  TORCH_CHECK(!v41 || (!left_visible.has_value() && max_image_tokens == 0),
+              "v41 (DeepSeek-V4.1's combine) has no image visibility (left/right_visible, "
+              "max_image_tokens)");
   api::check_cuda(idx, "combined_indices", dev);
   api::check_dtype(idx, "combined_indices", at::kInt);
   TORCH_CHECK(idx.dim() == 2 && idx.size(0) == T && idx.stride(1) == 1,
@@ -118,8 +122,9 @@ void combine_topk_swa_indices(at::Tensor& idx, at::Tensor& lens, const at::Tenso
   p.num_reqs = static_cast<int>(R);
   p.num_tokens = static_cast<int>(T);
   p.window = static_cast<int>(window_size);
-  p.ratio = static_cast<int>(compress_ratio);
-  p.top_k = static_cast<int>(topk);
+  p.ratio = compress_ratio > 0 ? static_cast<int>(compress_ratio) : 1;
+  p.top_k = compress_ratio > 0 ? static_cast<int>(topk) : 0;  // ratio 0 (v41): no top-k column
+  p.v41 = v41;
   p.image_width = has_image ? static_cast<int>(max_image_tokens) : 0;
   p.M = static_cast<int32_t>(M);
   p.N = static_cast<int32_t>(N);
@@ -139,7 +144,7 @@ TORCH_LIBRARY_FRAGMENT(deepinfer_sm80, m) {
       "combine_topk_swa_indices(Tensor(a!) combined_indices, Tensor(b!) combined_lens, "
       "Tensor topk_indices, Tensor query_start_loc, Tensor seq_lens, Tensor gather_lens, "
       "int window_size, int compress_ratio, int topk, int M, int N, Tensor? left_visible, "
-      "Tensor? right_visible, int max_image_tokens, int sm_count=0) -> ()");
+      "Tensor? right_visible, int max_image_tokens, int sm_count=0, bool v41=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepinfer_sm80, CUDA, m) {

@@ -20,6 +20,15 @@
 // and their lens are left as they were (as upstream). Columns >= width are never
 // written (upstream would spill into the next row; valid inputs never get there).
 // Int32 arithmetic wraps like the upstream Triton kernel.
+//
+// DeepSeek-V4.1's copy of the kernel (deepseek_v41/common/ops/cache_utils.py; kV41, the op's
+// v41 flag; no image visibility) differs in three places, all kept here:
+//   k         = max(min((pos + 1) / ratio, top_k), 0)        (lens use it too)
+//   swa_start = max(pos - (W - 1), 0, seq_len - gather_len)  (SWA bounded replay: gather_len
+//               leaves out context below the request's replay start, and the window cannot
+//               start before the gathered buffer does), swa_len = max(pos - swa_start + 1, 0)
+//   c < k                  : topk[t, c] + b * M when 0 <= topk[t, c] < N, else -1 (a failed or
+//                            out-of-pool candidate lands in no other request's rows)
 #include <cuda_runtime.h>
 
 #include "common/fast_div.h"
@@ -72,7 +81,17 @@ __device__ __forceinline__ RowHeader load_header(const CombineParams& p, int b, 
   return h;
 }
 
-template <bool kVec4>
+// The row's top-k value at a column c < k: + b * M; with kV41 a candidate outside [0, N) is -1.
+template <bool kV41>
+__device__ __forceinline__ int32_t topk_value(int32_t v, int32_t bM, int32_t N) {
+  if constexpr (kV41) {
+    return (v >= 0 && v < N) ? add32(v, bM) : -1;
+  } else {
+    return add32(v, bM);
+  }
+}
+
+template <bool kVec4, bool kV41>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * kWarpsPerBlock;
@@ -113,10 +132,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
       }
       if (qs <= t && t < qe) {
         const int pos = seq_len - (qe - qs) + (t - qs);
-        const int k = min((pos + 1) / p.ratio, p.top_k);
+        int k = min((pos + 1) / p.ratio, p.top_k);
         const int left_add = max(left - (p.window - 1), 0);
-        const int swa_start = max(pos - (p.window - 1) - left_add, 0);
-        const int swa_len = pos + right - swa_start + 1;
+        int swa_start = max(pos - (p.window - 1) - left_add, 0);
+        int swa_len = pos + right - swa_start + 1;
+        if constexpr (kV41) {  // (left = right = 0: the host refuses images with v41)
+          k = max(k, 0);
+          swa_start = max(swa_start, seq_len - gather_len);
+          swa_len = max(pos - swa_start + 1, 0);
+        }
         const int loop_extent =
             p.window > 0 ? (p.window + p.image_width + p.window - 1) / p.window * p.window : 0;
         const int swa_store = max(min(swa_len, loop_extent), 0);
@@ -128,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
       }
     }
     auto value = [&](int c, int32_t topk_val) -> int32_t {
-      if (c < plan.k) return add32(topk_val, plan.bM);
+      if (c < plan.k) return topk_value<kV41>(topk_val, plan.bM, p.N);
       if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
       return -1;
     };
@@ -177,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const CombineParams p
 // combine_kernel, T=16384 21.44-21.48 against 21.94-22.02 us. The same order in the one
 // kernel for every request count made T=8192 with 4 requests 4-5% slower L2-warm (13:41
 // UTC), so launches with more requests keep combine_kernel.
+template <bool kV41>
 __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const CombineParams p,
                                                                    const CombineOneReqParams x) {
   const int lane = threadIdx.x & 31;
@@ -202,10 +227,15 @@ __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const Combine
     if (t < qe) {
       const int pos = h.seq_len - qe + t;
       const int n = pos + 1;  // (pos + 1) / ratio: the multiplier for n >= 0 (every valid row)
-      const int k = min(n >= 0 ? fast_div(n, x.ratio_div) : n / p.ratio, p.top_k);
+      int k = min(n >= 0 ? fast_div(n, x.ratio_div) : n / p.ratio, p.top_k);
       const int left_add = max(h.left - (p.window - 1), 0);
-      const int swa_start = max(pos - (p.window - 1) - left_add, 0);
-      const int swa_len = pos + h.right - swa_start + 1;
+      int swa_start = max(pos - (p.window - 1) - left_add, 0);
+      int swa_len = pos + h.right - swa_start + 1;
+      if constexpr (kV41) {  // as in combine_kernel
+        k = max(k, 0);
+        swa_start = max(swa_start, h.seq_len - h.gather_len);
+        swa_len = max(pos - swa_start + 1, 0);
+      }
       const int swa_store = max(min(swa_len, x.swa_extent), 0);
       plan.k = min(max(k, 0), p.width);
       plan.swa_end = min(plan.k + swa_store, p.width);
@@ -213,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) combine_one_req_kernel(const Combine
       if (lane == 0) p.lens[t] = k + swa_len;
     }
     auto value = [&](int c, int32_t topk_val) -> int32_t {
-      if (c < plan.k) return add32(topk_val, plan.bM);
+      if (c < plan.k) return topk_value<kV41>(topk_val, plan.bM, p.N);
       if (c < plan.swa_end) return add32(plan.swa_val, c - plan.k);
       return -1;
     };
@@ -259,11 +289,12 @@ void launch_combine_topk_swa(const CombineParams& p, const DeviceLimits& lim,
     const int32_t num = static_cast<int32_t>(W + static_cast<uint32_t>(p.image_width) + W - 1u);
     x.swa_extent = static_cast<int32_t>(static_cast<uint32_t>(num / p.window) * W);
     x.ratio_div = make_fast_div(p.ratio);
-    combine_one_req_kernel<<<blocks, kThreads, 0, stream>>>(p, x);
+    (p.v41 ? combine_one_req_kernel<true> : combine_one_req_kernel<false>)
+        <<<blocks, kThreads, 0, stream>>>(p, x);
   } else if (p.vec4) {
-    combine_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    (p.v41 ? combine_kernel<true, true> : combine_kernel<true, false>)<<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    combine_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+    (p.v41 ? combine_kernel<false, true> : combine_kernel<false, false>)<<<blocks, kThreads, 0, stream>>>(p);
   }
 }
 

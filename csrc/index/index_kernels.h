@@ -55,6 +55,7 @@ struct CombineParams {
   int32_t M;
   int32_t N;
   bool vec4;                      // idx and topk rows 16-byte aligned (see index.cpp)
+  bool v41 = false;               // DeepSeek-V4.1's semantics (combine_topk_swa.cu); no image
 };
 
 // What the one-request combine kernel takes from the host, once per launch (a second kernel

@@ -11,7 +11,9 @@
 # DEEPINFER_INDEXER_WINDOW=0, for a base built before the window; "" for a later base).
 # $WIDTH_PROFILE="B:CTX:WIDTH ...": then bench/profile_v41_indexer.py --plain --timeline of each,
 # for base and new (the kernels of one call, one by one). $WIDTH_SHAPES: indices into the
-# benchmark's SHAPES (default all). JSON and logs come back in $OUT.
+# benchmark's SHAPES (default all). $WIDTH_MORE_TESTS: more GPU test files for the new build.
+# $WIDTH_COMBINE=N: N rounds of the combine's quick benchmark, base and new. JSON and logs come
+# back in $OUT.
 set -uo pipefail
 BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
@@ -19,9 +21,9 @@ source "$(dirname "$0")/bundle_env.sh" width
 build_ab_pair "$BASE_TGZ" || exit 1
 if [ "${WIDTH_TESTS:-1}" != 0 ]; then
   t0=$SECONDS
-  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_candidate_kernels.py tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \
+  timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_candidate_kernels.py tests/gpu/test_indexer_keys.py tests/gpu/test_indexer_flat.py \
     tests/gpu/test_row_topk.py tests/gpu/test_ampere_indexer_gpu.py tests/gpu/test_ampere_layer.py \
-    > "$OUT/gpu-tests.log" 2>&1 || rc=1
+    ${WIDTH_MORE_TESTS:-} > "$OUT/gpu-tests.log" 2>&1 || rc=1
   echo "indexer GPU tests (new): $(tail -1 "$OUT/gpu-tests.log") ($((SECONDS - t0)) s)"
   grep -E "^FAILED|Error" "$OUT/gpu-tests.log" | head -20
 fi
@@ -47,6 +49,15 @@ for v in base new; do
       $PY bench/profile_v41_indexer.py --plain --timeline --batch "$b" --ctx "$c" --width "$w" \
       >> "$OUT/profile-$v.log" 2>&1 || rc=1
     grep -E "^##|Error" "$OUT/profile-$v.log" | tail -1
+  done
+done
+# $WIDTH_COMBINE=N: N interleaved rounds of the combine's quick cases (bench_cache.py --ours-only
+# --quick --only combine) for base and new
+for r in $(seq 1 "${WIDTH_COMBINE:-0}"); do
+  for v in base new; do
+    DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so timeout 100 $PY bench/bench_cache.py --no-doc --ours-only --quick \
+      --only combine > "$OUT/combine-${v}-$r.log" 2>&1 || rc=1
+    echo "--- combine $v round $r"; grep -E "^combine |FAIL" "$OUT/combine-${v}-$r.log" | head -6
   done
 done
 find bench/results -name 'bench_indexer_*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;

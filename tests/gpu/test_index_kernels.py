@@ -77,7 +77,7 @@ def _requests(T_used, R, g, min_prefix=0):
 
 
 def _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, M, N, left=None, right=None,
-                   img=0, use_out=True, g=None, width=None):
+                   img=0, use_out=True, g=None, width=None, v41=False):
     T = topk.size(0)
     if use_out:
         w = width or RI.combined_width(top_k, W, img)
@@ -86,17 +86,17 @@ def _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, M, N, left=None, r
         want = RI.combine_topk_swa_indices(topk, qsl, seq, gat, W, ratio, top_k, M, N,
                                            out=(poison.clone(), lens_p.clone()),
                                            left_visible=left, right_visible=right,
-                                           max_image_tokens=img)
+                                           max_image_tokens=img, v41=v41)
         out = (poison.to(DEV), lens_p.to(DEV))
     else:
         want = RI.combine_topk_swa_indices(topk, qsl, seq, gat, W, ratio, top_k, M, N,
                                            left_visible=left, right_visible=right,
-                                           max_image_tokens=img)
+                                           max_image_tokens=img, v41=v41)
         out = None
     d = (lambda t: None if t is None else t.to(DEV))
     got = OI.combine_topk_swa_indices(d(topk), d(qsl), d(seq), d(gat), W, ratio, top_k, M, N,
                                       out=out, left_visible=d(left), right_visible=d(right),
-                                      max_image_tokens=img)
+                                      max_image_tokens=img, **({"v41": True} if v41 else {}))
     assert torch.equal(got[0].cpu(), want[0])
     if use_out:
         assert torch.equal(got[1].cpu(), want[1])
@@ -161,6 +161,51 @@ def test_combine_small_sequences(ext):
     _check_combine(ext, topk, qsl, seq, gat, 128, 4, 512, 1000, 500, g=g)
 
 
+def _replay_gather(seq, qlen, W, g):
+    """vLLM's prefill gather lengths with SWA bounded replay (sparse_swa.py
+    ComputePrefillMetadataKernel): qlen + min(max(prefix - replay_start, 0), W - 1), replay
+    starts drawn in [0, prefix] (a prefix-cache hit's last window recomputed), some 0."""
+    prefix = seq.to(torch.int64) - qlen
+    rs = (torch.rand(prefix.shape, generator=g) * (prefix + 1)).to(torch.int64)
+    rs[torch.rand(prefix.shape, generator=g) < 0.3] = 0
+    return (qlen + torch.clamp(prefix - rs, min=0).clamp(max=W - 1)).to(torch.int32)
+
+
+@pytest.mark.parametrize("T,R,ratio,top_k", [(777, 3, 4, 512), (1536, 1, 2, 512),
+                                             (900, 5, 1, 512), (700, 4, 0, 0),
+                                             (600, 2, 2, 1024)])
+def test_combine_v41_bit_exact(ext, T, R, ratio, top_k):
+    """DeepSeek-V4.1's combine (v41=True): gather lengths after prefix-cache hits (the window
+    clamped to the gathered buffer), top-k lists with -1 holes and entries >= N (kept -1),
+    ratio 0 (an SWA-only layer); the one-request kernel (R = 1) and the general one."""
+    g = _gen()
+    W = 128
+    T_used = max(T - T // 10, R)
+    qsl0, seq, qlen = _requests(T_used, R, g)
+    qsl = qsl0 + 77
+    gat = _replay_gather(seq, qlen, W, g)
+    N = 3000
+    topk = _i32(T, max(top_k, 8), lo=-1, hi=N + 200, g=g)  # some >= N
+    topk[torch.rand(topk.shape, generator=g) < 0.1] = -1
+    _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, 40000, N, g=g, v41=True)
+    _check_combine(ext, topk, qsl, seq, gat, W, ratio, top_k, 40000, N, g=g, v41=True,
+                   use_out=False)
+
+
+@pytest.mark.parametrize("v41", [False, True])
+def test_combine_rows_before_their_context(ext, v41):
+    """Rows whose position is negative (seq_len < query_len: vLLM's warm-up batches): k from
+    int32 division (toward zero), lengths as the kernels define them; the scalar path too."""
+    g = _gen()
+    qsl = torch.tensor([0, 40, 100, 101], dtype=torch.int32)
+    seq = torch.tensor([10, 70, 0], dtype=torch.int32)
+    gat = torch.tensor([40, 60, 1], dtype=torch.int32)
+    topk = _i32(101, 512, lo=0, hi=100, g=g)
+    _check_combine(ext, topk, qsl, seq, gat, 128, 4, 512, 1000, 500, g=g, v41=v41)
+    _check_combine(ext, topk[:, :130].contiguous(), qsl, seq, gat, 64, 3, 130, 1000, 500, g=g,
+                   v41=v41, width=197)
+
+
 def test_combine_validation(ext):
     t = torch.zeros(4, 16, dtype=torch.int32, device=DEV)
     q = torch.tensor([0, 4], dtype=torch.int32, device=DEV)
@@ -171,3 +216,11 @@ def test_combine_validation(ext):
         OI.combine_topk_swa_indices(t, q, s, s, 128, 4, 16, 0, 0, left_visible=s)
     with pytest.raises(TypeError, match="seq_lens must be torch.int32"):
         OI.combine_topk_swa_indices(t, q, s.long(), s, 128, 4, 16, 0, 0)
+    with pytest.raises(ValueError, match="no image visibility"):
+        OI.combine_topk_swa_indices(t, q, s, s, 128, 4, 16, 0, 0, max_image_tokens=64, v41=True)
+    with pytest.raises(ValueError, match="compress_ratio must be >= 1"):
+        OI.combine_topk_swa_indices(t, q, s, s, 128, 0, 16, 0, 0)
+    with pytest.raises(RuntimeError, match="no image visibility"):  # the op's own check
+        torch.ops.deepinfer_sm80.combine_topk_swa_indices(
+            torch.empty(4, 256, dtype=torch.int32, device=DEV), s.new_empty(4), t, q, s, s, 128,
+            4, 16, 0, 0, s.new_zeros(4), s.new_zeros(4), 64, 0, True)

@@ -159,3 +159,39 @@ def test_combine_matches_upstream(up, ours, tokens, reqs, topk, ratio):
     torch.cuda.synchronize()
     assert torch.equal(res[0][1], res[1][1])
     assert torch.equal(res[0][0], res[1][0])
+
+
+@pytest.mark.parametrize("ratio", [0, 1, 2, 4])
+@pytest.mark.parametrize("tokens,reqs", [(1536, 1), (1000, 4)])
+def test_combine_v41_replay_and_failed_candidates_match_upstream(up, ours, tokens, reqs, ratio,
+                                                                  request):
+    """DeepSeek-V4.1's own combine, where it differs from V4's: gather lengths after a
+    prefix-cache hit (SWA bounded replay: the window clamped to the gathered buffer), -1 and
+    out-of-pool (>= N) top-k entries (kept -1), ratio 0 (SWA-only, top-k 0). Ours with
+    v41=True, bit for bit; V4's upstream module has none of this (skipped there)."""
+    if request.node.callspec.params.get("up") != "v41":
+        pytest.skip("V4.1's combine semantics: compared with V4.1's module only")
+    import bench_cache
+
+    g = _gen(5)
+    topk = 0 if ratio == 0 else 512
+    s = bench_cache.make_combine_set(tokens - tokens % reqs, reqs, g, ratio=max(ratio, 1), topk=512)
+    qlen = (s["query_start_loc"][1:] - s["query_start_loc"][:-1]).long()
+    prefix = s["seq_lens"].long() - qlen
+    rs = (torch.rand(reqs, device="cuda", generator=g) * (prefix + 1)).long()
+    rs[0] = prefix[0] - 5  # a hit ending 5 positions before the query
+    gather = (qlen + (prefix - rs).clamp(min=0).clamp(max=bench_cache.WINDOW - 1)).int()
+    tk = s["topk_indices"].clone()
+    tk[torch.rand(tk.shape, device="cuda", generator=g) < 0.1] = -1
+    tk[torch.rand(tk.shape, device="cuda", generator=g) < 0.05] = s["N"] + 3
+    res = []
+    for fn, kw in ((ours[1].combine_topk_swa_indices, {"v41": True}),
+                   (up.combine_topk_swa_indices, {})):
+        idx = torch.full_like(s["idx"], 0x5A5A5A5A)
+        lens = torch.full_like(s["lens"], 0x5A5A5A5A)
+        fn(tk, s["query_start_loc"], s["seq_lens"], gather, bench_cache.WINDOW, ratio, topk,
+           s["M"], s["N"], out=(idx, lens), **kw)
+        res.append((idx, lens))
+    torch.cuda.synchronize()
+    assert torch.equal(res[0][1], res[1][1])
+    assert torch.equal(res[0][0], res[1][0])

@@ -187,11 +187,15 @@ def forward_prefill(
     chunk_plan: list[tuple[int, int, int, int]],
     max_tokens: int | None = None,
     swa_only: bool | None = None,
+    v41: bool = False,
 ) -> torch.Tensor:
     """Prefill: per chunk of requests, gather compressed (offset 0) and window
     (offset N) entries into a bf16 workspace, combine indices, attend.
     ``swa_only`` defaults to DeepSeek-V4's meaning (ratio <= 1); DeepSeek-V4.1
-    passes it (only ratio 0 is SWA-only there; ratio 1 has a compressed region)."""
+    passes it (only ratio 0 is SWA-only there; ratio 1 has a compressed region).
+    ``v41``: DeepSeek-V4.1's combine (the window clamped to the gathered buffer's
+    start: its ``gather_lens`` leave out context below a request's replay start
+    after a prefix-cache hit; failed top-k entries stay -1)."""
     swa_only = compress_ratio <= 1 if swa_only is None else swa_only
     top_k = 0 if swa_only else topk_indices.shape[-1]
     width = ((top_k + window_size + 127) // 128) * 128
@@ -212,7 +216,8 @@ def forward_prefill(
         tk = topk_indices[t0:t1] if not swa_only else q.new_empty((t1 - t0, 0), dtype=torch.int32)
         idx, lens = ops.combine(tk, query_start_loc[c0:c1 + 1], seq_lens[c0:c1],
                                 gather_lens[c0:c1], window_size, compress_ratio, top_k, chunk_m,
-                                chunk_n, out=(idx_buf[: t1 - t0], len_buf[: t1 - t0]))
+                                chunk_n, out=(idx_buf[: t1 - t0], len_buf[: t1 - t0]),
+                                **({"v41": True} if v41 else {}))
         ops.prefill(q=q[t0:t1], kv=kv.view(-1, 1, D), indices=idx.unsqueeze(1), sm_scale=scale,
                     attn_sink=attn_sink, topk_length=lens, out=out[t0:t1])
     return out

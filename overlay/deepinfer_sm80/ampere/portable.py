@@ -31,12 +31,15 @@ def compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, blo
 
 def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size,
                              compress_ratio, topk, M, N, out=None, left_visible=None,
-                             right_visible=None, max_image_tokens=0):
+                             right_visible=None, max_image_tokens=0, *, v41=False):
     """Workspace indices for one prefill chunk (causal text case).
 
     Token t of chunk request b (position pos): the first k = min((pos + 1) //
     ratio, topk) compressed entries at ``topk[t, :k] + b * M``, then the window
-    [max(pos - W + 1, 0), pos] at ``b * M + N + p - (seq_len - gather_len)``."""
+    [max(pos - W + 1, 0), pos] at ``b * M + N + p - (seq_len - gather_len)``.
+    ``v41``: DeepSeek-V4.1's copy: the window starts no earlier than the gathered
+    buffer (seq_len - gather_len), top-k entries outside [0, N) are -1, k >= 0,
+    ratio 0 has no top-k part (deepinfer_sm80.reference.index)."""
     if left_visible is not None or right_visible is not None or max_image_tokens:
         raise NotImplementedError("portable combine supports the causal text case only")
     dev = seq_lens.device
@@ -59,15 +62,23 @@ def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_len
     gl = gather_lens.to(torch.int64)[req]
     pos = sl - qlen[req] + local
     j = torch.arange(width, device=dev).unsqueeze(0)
-    if topk > 0:
-        k = torch.clamp((pos + 1) // compress_ratio, max=topk)
-        tk = topk_indices[:T, :topk].to(torch.int64) + (req * M).unsqueeze(1)
+    if topk > 0 and compress_ratio > 0:
+        k = torch.clamp(torch.div(pos + 1, compress_ratio, rounding_mode="trunc"), max=topk)
+        raw = topk_indices[:T, :topk].to(torch.int64)
+        tk = raw + (req * M).unsqueeze(1)
+        if v41:  # a failed (-1) or out-of-pool candidate stays -1
+            tk = torch.where((raw >= 0) & (raw < N), tk, torch.full_like(tk, -1))
         tk = torch.nn.functional.pad(tk, (0, width - topk), value=-1)
     else:
         k = torch.zeros_like(pos)
         tk = torch.full((T, width), -1, dtype=torch.int64, device=dev)
     start = torch.clamp(pos - (window_size - 1), min=0)
-    swa_len = pos - start + 1
+    if v41:  # SWA bounded replay: the gathered buffer starts at seq_len - gather_len
+        k = k.clamp(min=0)
+        start = torch.maximum(start, sl - gl)
+        swa_len = (pos - start + 1).clamp(min=0)
+    else:
+        swa_len = pos - start + 1
     base = req * M + N + start - (sl - gl)
     swa = base.unsqueeze(1) + (j - k.unsqueeze(1))
     res = torch.where(j < k.unsqueeze(1), tk,

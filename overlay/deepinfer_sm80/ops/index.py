@@ -63,17 +63,24 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
                              left_visible: torch.Tensor | None = None,
                              right_visible: torch.Tensor | None = None,
                              max_image_tokens: int = 0, *,
-                             sm_count: int | None = None
+                             sm_count: int | None = None, v41: bool = False
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate each query token's top-k compressed indices with its SWA window."""
+    """Concatenate each query token's top-k compressed indices with its SWA window.
+    ``v41``: DeepSeek-V4.1's copy of the op (``deepseek_v41/common/ops/cache_utils.py``): the
+    window starts no earlier than the gathered buffer (SWA bounded replay), -1 and out-of-pool
+    top-k entries stay -1, ratio 0 is an SWA-only layer; no image visibility
+    (:func:`deepinfer_sm80.reference.index.combine_topk_swa_indices`)."""
     topk_indices = _topk_rows(topk_indices)
     dev, T = topk_indices.device, topk_indices.size(0)
     if not 0 <= topk <= topk_indices.size(1):
         raise ValueError(f"topk={topk} must be in [0, topk_indices.shape[1]="
                          f"{topk_indices.size(1)}]")
-    if window_size < 1 or compress_ratio < 1 or max_image_tokens < 0:
-        raise ValueError("window_size and compress_ratio must be >= 1 and "
-                         "max_image_tokens >= 0")
+    if window_size < 1 or compress_ratio < (0 if v41 else 1) or max_image_tokens < 0:
+        raise ValueError("window_size and compress_ratio must be >= 1 (v41: compress_ratio "
+                         ">= 0) and max_image_tokens >= 0")
+    if v41 and (left_visible is not None or right_visible is not None or max_image_tokens):
+        raise ValueError("v41 (DeepSeek-V4.1's combine) has no image visibility "
+                         "(left_visible, right_visible, max_image_tokens)")
     C.vector(seq_lens, "seq_lens", dev, torch.int32)
     R = seq_lens.size(0)
     C.vector(gather_lens, "gather_lens", dev, torch.int32, R)
@@ -97,8 +104,24 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
             raise ValueError(f"out[0] must be [{T}, width] with a contiguous last dim, got "
                              f"{tuple(idx.shape)} strides {idx.stride()}")
         C.vector(lens, "out[1] (combined lens)", dev, torch.int32, T)
+    if not v41:  # (the call of builds before the flag, too)
+        _ops().combine_topk_swa_indices(idx, lens, topk_indices, query_start_loc, seq_lens,
+                                           gather_lens, window_size, compress_ratio, topk, M, N,
+                                           left_visible, right_visible, max_image_tokens,
+                                           sm_count or 0)
+        return idx, lens
+    if not _takes_v41():
+        raise RuntimeError("the loaded deepinfer_sm80 extension predates DeepSeek-V4.1's "
+                           "combine (v41=True): rebuild it (make build)")
     _ops().combine_topk_swa_indices(idx, lens, topk_indices, query_start_loc, seq_lens,
                                        gather_lens, window_size, compress_ratio, topk, M, N,
-                                       left_visible, right_visible, max_image_tokens,
-                                       sm_count or 0)
+                                       None, None, 0, sm_count or 0, True)
     return idx, lens
+
+
+def _takes_v41() -> bool:
+    try:
+        schema = _ops().combine_topk_swa_indices.default._schema
+        return any(a.name == "v41" for a in schema.arguments)
+    except (AttributeError, ImportError, OSError, RuntimeError):
+        return False

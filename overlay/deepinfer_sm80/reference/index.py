@@ -40,6 +40,12 @@ def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor,
     return out, lens
 
 
+def _div_trunc(a: int, b: int) -> int:
+    """a / b rounded toward zero (int32 division in the kernels; Python's // floors)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
 def combined_width(topk: int, window_size: int, max_image_tokens: int = 0) -> int:
     w = topk + window_size + max_image_tokens
     return (w + TOPK_ALIGNMENT - 1) // TOPK_ALIGNMENT * TOPK_ALIGNMENT
@@ -51,7 +57,7 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
                              out: tuple[torch.Tensor, torch.Tensor] | None = None,
                              left_visible: torch.Tensor | None = None,
                              right_visible: torch.Tensor | None = None,
-                             max_image_tokens: int = 0
+                             max_image_tokens: int = 0, *, v41: bool = False
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token t of request b (rows query_start_loc[b]-q0 .. [b+1]-q0):
     pos = seq_len - query_len + (t - query_start); k = min((pos + 1) // ratio, topk);
@@ -59,7 +65,15 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
     idx[t, k + j] = b * M + N + swa_start + j - (seq_len - gather_len), j < swa_len
     (at most W * ceil((W + image) / W) of them, never past the row);
     lens[t] = k + swa_len; every other element is -1. Rows outside every request keep
-    their lens."""
+    their lens. (// truncates toward zero, as the kernels' int32 division.)
+
+    ``v41``: DeepSeek-V4.1's copy (vLLM 0.33.0 ``deepseek_v41/common/ops/cache_utils.py``),
+    no image: k = max(min((pos + 1) // ratio, topk), 0) (0 for ratio 0);
+    swa_start = max(pos - (W - 1), 0, seq_len - gather_len) (the gathered buffer starts at the
+    request's replay start: SWA bounded replay), swa_len = max(pos - swa_start + 1, 0); a top-k
+    entry outside [0, N) is -1 instead of topk + b * M."""
+    if v41 and (left_visible is not None or right_visible is not None or max_image_tokens):
+        raise ValueError("v41 (DeepSeek-V4.1's combine) has no image visibility")
     T = topk_indices.size(0)
     has_image = left_visible is not None
     image = max_image_tokens if has_image else 0
@@ -82,16 +96,22 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
         start_pos = seq_len - (qe - qs)
         for t in range(max(qs, 0), min(qe, T)):
             pos = start_pos + (t - qs)
-            k = min((pos + 1) // compress_ratio, topk)
+            k = min(_div_trunc(pos + 1, compress_ratio), topk) if compress_ratio else 0
             left = int(left_visible[t]) if has_image else 0
             right = int(right_visible[t]) if has_image else 0
             left_add = max(left - (W - 1), 0)
             swa_start = max(pos - (W - 1) - left_add, 0)
             swa_len = pos + right - swa_start + 1
+            if v41:
+                k = max(k, 0)
+                swa_start = max(swa_start, seq_len - gather_len)
+                swa_len = max(pos - swa_start + 1, 0)
             kc = min(max(k, 0), width)
             n_swa = min(max(min(swa_len, extent), 0), width - kc)
             row = torch.full((width,), -1, dtype=torch.int64)
             row[:kc] = tk[t, :kc] + b * M
+            if v41:  # a failed (-1) or out-of-pool candidate stays -1
+                row[:kc] = torch.where((tk[t, :kc] >= 0) & (tk[t, :kc] < N), row[:kc], -1)
             row[kc:kc + n_swa] = (b * M + N + swa_start - (seq_len - gather_len)
                                   + torch.arange(n_swa))
             idx[t] = _wrap32(row).to(idx.device)

@@ -187,4 +187,7 @@ class DeepseekV41AmpereSparseAttention(DeepseekV4Attention):
             chunk_plan=plan,
             max_tokens=self.max_num_batched_tokens,
             swa_only=swa_only,
+            # V4.1's combine: after a prefix-cache hit gather_lens start at the replay start
+            # (cache_config.swa_bounded_replay); failed top-k entries stay -1
+            v41=True,
         )
