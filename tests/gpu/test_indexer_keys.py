@@ -388,12 +388,15 @@ def test_decode_topk_block_table_as_wide_as_max_model_len(rng, monkeypatch, NN, 
     must be those of a block table as wide as the longest context: with the row top-k reading
     only each row's context (the default) and reading the whole row
     (``$DEEPINFER_INDEXER_WINDOW=0``); with one column tile and with many (merges with the
-    running best). The pages past each context are zeros, as in vLLM's block table."""
+    running best). The entries past each context hold stale page ids, as vLLM's model runner V2
+    leaves them (it copies only a request's own blocks; gpu/block_table.py): valid pages that
+    no row may read."""
     B, H, bs, K = 3, 64, 64, 512
     c = _random_paged(rng, B=B, NN=NN, H=H, bs=bs, ctx_max=3000, nan=False)
     q = c["q"].view(B, NN, H, D)
     ctx = c["hi"].view(B, NN)
-    wide_bt = torch.zeros(B, 4096, dtype=torch.int32, device=DEV)  # 262,144 columns
+    n_pages = c["pages"].shape[0]
+    wide_bt = torch.randint(0, n_pages, (B, 4096), dtype=torch.int32, device=DEV)  # 262,144 columns
     wide_bt[:, : c["maxb"]] = c["bt"]
     kw = {} if tile_budget is None else dict(tile_budget=tile_budget)
     outs = []
