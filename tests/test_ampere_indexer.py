@@ -104,15 +104,17 @@ def test_decode_topk_paged_matches_oracle_sets(next_n):
 
 def test_row_lens_forms():
     """decode_topk's per-row visible lengths: [B] or [B, next_n], any integer dtype; a
-    [B, m] with m != next_n gives its last column to every row of the request. The common
-    forms (int32 [B, next_n], int32 [B] with next_n 1) are used as they are, without a copy."""
+    [B, m] with m != next_n is one length L per request (its last column), and row j of the
+    request sees max(L - next_n + 1 + j, 0), as vLLM's decode top-k derives per-row ends from
+    (B, 1) lengths (SparseIndexerTopk._row_ends). The common forms (int32 [B, next_n], int32 [B]
+    with next_n 1) are used as they are, without a copy."""
     c = torch.tensor([[5, 6], [7, 8], [9, 10]], dtype=torch.int32)
     assert I._row_lens(c, 3, 2).tolist() == [5, 6, 7, 8, 9, 10]
     assert I._row_lens(c, 3, 2).data_ptr() == c.data_ptr()
     assert I._row_lens(c.long(), 3, 2).dtype == torch.int32
-    assert I._row_lens(c, 3, 4).tolist() == [6] * 4 + [8] * 4 + [10] * 4
-    v = torch.tensor([3, 4], dtype=torch.int64)
-    assert I._row_lens(v, 2, 3).tolist() == [3, 3, 3, 4, 4, 4]
+    assert I._row_lens(c, 3, 4).tolist() == [3, 4, 5, 6, 5, 6, 7, 8, 7, 8, 9, 10]
+    v = torch.tensor([3, 1], dtype=torch.int64)
+    assert I._row_lens(v, 2, 3).tolist() == [1, 2, 3, 0, 0, 1]  # a padding request: 0
     v32 = v.int()
     assert I._row_lens(v32, 2, 1).data_ptr() == v32.data_ptr()
 

@@ -471,12 +471,16 @@ def split_indexer_pages(kv_cache: torch.Tensor, block_size: int, head_dim: int =
 
 
 def _row_lens(context_lens: torch.Tensor, B: int, NN: int) -> torch.Tensor:
-    """int32 [B * NN]: the visible entries of each decode row, from ``context_lens`` [B] or
-    [B, NN] (a [B, m] with m != NN: its last column for every row of the request). No kernel
-    when ``context_lens`` is int32 [B, NN], or [B] with NN = 1 (the common decode inputs)."""
+    """int32 [B * NN]: the visible entries of each decode row, from ``context_lens`` [B, NN]
+    (vLLM's per-row lengths of a native speculative decode) or [B] / [B, m], m != NN (one
+    length L per request, its last column: row j then sees max(L - NN + 1 + j, 0) entries, as
+    vLLM's decode top-k derives them, ``SparseIndexerTopk._row_ends`` in
+    model_executor/layers/indexer_topk.py). No kernel when ``context_lens`` is int32 [B, NN],
+    or [B] with NN = 1 (the common decode inputs)."""
     c = context_lens.reshape(B, -1)
     if c.shape[1] != NN:
-        c = c[:, -1:].expand(B, NN)
+        j = torch.arange(NN, dtype=torch.int32, device=c.device)
+        c = (c[:, -1:].to(torch.int32) - NN + 1 + j).clamp_(min=0)
     c = c.reshape(B * NN)
     return c if c.dtype == torch.int32 and c.is_contiguous() else c.to(torch.int32).contiguous()
 
