@@ -77,7 +77,10 @@ def swa_metadata(w, md, *, decode: bool):
         get_prefill_chunk_plan=plan, **common)
 
 
-def run_case(mod, ratio: int, decode: bool) -> dict:
+def run_case(mod, ratio: int, decode: bool, replay: bool = False) -> dict:
+    """``replay``: a prefill after prefix-cache hits (vLLM's swa_bounded_replay: gather lengths
+    from each request's replay start; the window of the first query tokens starts there) whose
+    top-k lists hold failed (-1) candidates."""
     from deepinfer_sm80.ampere import layer as L
     import layer_cases as C
 
@@ -89,10 +92,10 @@ def run_case(mod, ratio: int, decode: bool) -> dict:
         md = C.decode_metadata(w, 2)
         positions = md.tok_pos + [0, 0]
     else:
-        md = C.prefill_metadata(w, [200, 9])
+        md = C.prefill_metadata(w, [200, 9], replay_starts=[450, 200] if replay else None)
         positions = md.tok_pos
     q, iq, iw = C.make_queries(w, positions, g)
-    topk = (C.v41_topk(w, positions, g) if ratio > 0
+    topk = (C.v41_topk(w, positions, g, holes=0.3 if replay else 0.0) if ratio > 0
             else torch.full((len(positions), C.TOPK), -1, dtype=torch.int32))
     layer = fake_layer(mod, w, ratio, topk)
     swa_md = swa_metadata(w, md, decode=decode)
@@ -191,6 +194,7 @@ def main():
     for ratio in (0, 1, 2):
         for decode in (True, False):
             res[f"{'decode' if decode else 'prefill'}_ratio{ratio}"] = run_case(mod, ratio, decode)
+        res[f"prefill_replay_ratio{ratio}"] = run_case(mod, ratio, False, replay=True)
     print("RESULT " + json.dumps(res))
 
 
