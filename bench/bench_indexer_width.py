@@ -41,7 +41,8 @@ from deepinfer_sm80.ops import indexer as OI  # noqa: E402
 SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 1, 262144, 64, 262144),
           (1, 6, 65536, 64, 262144), (1, 6, 2048, 64, 262144),
           (8, 1, 8192, 64, 262144), (64, 1, 2048, 64, 262144), (1, 1, 2048, 64, 32768),
-          (128, 1, 4096, 32, 32768), (256, 1, 2048, 64, 262144), (64, 6, 2048, 64, 262144)]
+          (128, 1, 4096, 32, 32768), (256, 1, 2048, 64, 262144), (64, 6, 2048, 64, 262144),
+          (64, 1, 65536, 64, 262144), (16, 6, 65536, 64, 262144)]
 QUICK = [(1, 1, 2048, 64, 262144), (64, 1, 2048, 64, 262144)]
 
 
@@ -77,11 +78,13 @@ def with_env(env: dict, fn):
                 os.environ[k] = v
 
 
-def topk_call(s, B, NN, H, bt_key, window, split="1"):
+def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None):
+    """``budget``: decode_topk's tile_budget (the key buffer's bytes), None its default."""
     q4 = s["q"].view(B, NN, H, -1)
     env = {"DEEPINFER_INDEXER_WINDOW": window, "DEEPINFER_ROW_TOPK_SPLIT": split}
+    kw = {} if budget is None else {"tile_budget": budget}
     return lambda: with_env(env, lambda: I.decode_topk(
-        q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"], scorer="cuda"))
+        q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"], scorer="cuda", **kw))
 
 
 def main(argv=None) -> int:
@@ -89,6 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default all)")
+    ap.add_argument("--budgets", default="", help="comma-separated key-buffer sizes in MB: more "
+                    "'wide, window' variants with that tile budget (default budget: "
+                    f"{I.DEFAULT_TILE_BUDGET >> 20} MB of int64 keys)")
     ap.add_argument("--label", default="", help="prefix of the impl names (e.g. the build)")
     args = ap.parse_args(argv)
     # $DEEPINFER_INDEXER_WINDOW=0 from the caller: the build has no window (a base build in a
@@ -115,21 +121,24 @@ def main(argv=None) -> int:
         rows = B * NN
         sets, tile = wide_sets(B, NN, ctx, H, width, g)
         s0 = sets[0]
-        variants = [("wide, whole rows", "bt_wide", "0", "1"), ("wide, window", "bt_wide", "1", "1"),
-                    ("wide, window, one block per row", "bt_wide", "1", "0"),
-                    ("narrow", "bt", "0" if whole_only else "1", "1")]
+        variants = [("wide, whole rows", "bt_wide", "0", "1", None),
+                    ("wide, window", "bt_wide", "1", "1", None),
+                    ("wide, window, one block per row", "bt_wide", "1", "0", None),
+                    ("narrow", "bt", "0" if whole_only else "1", "1", None)]
+        variants += [(f"wide, window, keys {mb} MB", "bt_wide", "1", "1", int(mb) << 20)
+                     for mb in args.budgets.split(",") if mb]
         if whole_only:
             variants = [v for v in variants if not v[0].startswith("wide, window")]
         got = {}
-        for name, bt_key, window, split in variants:
+        for name, bt_key, window, split, budget in variants:
             s0["idx"].fill_(-7)
-            topk_call(s0, B, NN, H, bt_key, window, split)()
+            topk_call(s0, B, NN, H, bt_key, window, split, budget)()
             got[name] = s0["idx"].clone()
         report.check(f"{shape}: the same indices with the wide table",
                      all(torch.equal(v, got["narrow"]) for v in got.values()))
         times = {}
-        for name, bt_key, window, split in variants:
-            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split) for s in sets],
+        for name, bt_key, window, split, budget in variants:
+            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split, budget) for s in sets],
                                   min_calls=common.CALLS_PER_REPLAY)
             times[name] = t.median_us
             report.add(what="decode_topk", shape=shape, impl=lbl + name, median_us=t.median_us,

@@ -12,8 +12,9 @@
 # $WIDTH_PROFILE="B:CTX:WIDTH ...": then bench/profile_v41_indexer.py --plain --timeline of each,
 # for base and new (the kernels of one call, one by one). $WIDTH_SHAPES: indices into the
 # benchmark's SHAPES (default all). $WIDTH_MORE_TESTS: more GPU test files for the new build.
-# $WIDTH_COMBINE=N: N rounds of the combine's quick benchmark, base and new. JSON and logs come
-# back in $OUT.
+# $WIDTH_COMBINE=N: N rounds of the combine's quick benchmark, base and new. $WIDTH_VARIANTS:
+# the builds benchmarked (default "base new"); $WIDTH_BUDGETS: key-buffer sizes in MB for more
+# variants (bench_indexer_width.py --budgets). JSON and logs come back in $OUT.
 set -uo pipefail
 BASE_TGZ=${AB_BASE_TGZ:-$(pwd)/dist/ab-base-csrc.tar.gz}
 [ -f "$BASE_TGZ" ] || { echo "no $BASE_TGZ: run scripts/device/ab.sh --pack BASE here"; exit 2; }
@@ -27,12 +28,13 @@ if [ "${WIDTH_TESTS:-1}" != 0 ]; then
   echo "indexer GPU tests (new): $(tail -1 "$OUT/gpu-tests.log") ($((SECONDS - t0)) s)"
   grep -E "^FAILED|Error" "$OUT/gpu-tests.log" | head -20
 fi
-for v in base new; do
+for v in ${WIDTH_VARIANTS:-base new}; do
   t0=$SECONDS
   env_v=(); [ "$v" = base ] && read -ra env_v <<< "${WIDTH_BASE_ENV-DEEPINFER_INDEXER_WINDOW=0}"
   env "${env_v[@]}" DEEPINFER_SM80_EXT=/tmp/ab-so/$v.so \
     DEEPINFER_BENCH_COMMAND="bash scripts/device/indexer_width.sh ($v build)" \
     $PY bench/bench_indexer_width.py --no-doc --label "$v" ${WIDTH_SHAPES:+--shapes "$WIDTH_SHAPES"} \
+    ${WIDTH_BUDGETS:+--budgets "$WIDTH_BUDGETS"} \
     > "$OUT/width-$v.log" 2>&1 || rc=1
   echo "--- bench_indexer_width, $v ($((SECONDS - t0)) s)"
   grep -E "^\||PASS|FAIL|Error" "$OUT/width-$v.log" | head -60
