@@ -193,12 +193,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------
 # Metadata as vLLM builds it
 # ---------------------------------------------------------------------------
-def decode_metadata(w, next_n: int, pad_rows: int = 2):
+def decode_metadata(w, next_n: int, pad_rows: int = 2, seq_lens: list[int] | None = None):
     """next_n query tokens per request at the end of each sequence, then
-    ``pad_rows`` CUDA-graph padding rows."""
+    ``pad_rows`` CUDA-graph padding rows. ``seq_lens``: shorter sequences than the world's
+    (e.g. vLLM's capture-time dummy batch, where each context is just the query)."""
     dev = w.device
+    seq_lens = list(w.seq_lens) if seq_lens is None else seq_lens
     tok_req, tok_pos = [], []
-    for r, L in enumerate(w.seq_lens):
+    for r, L in enumerate(seq_lens):
         for i in range(next_n):
             tok_req.append(r)
             tok_pos.append(L - next_n + i)
@@ -220,7 +222,7 @@ def decode_metadata(w, next_n: int, pad_rows: int = 2):
     )
     if w.ratio == 4:
         md.ctx = torch.tensor([[(L - next_n + i + 1) // 4 for i in range(next_n)]
-                               for L in w.seq_lens], dtype=torch.int32, device=dev)
+                               for L in seq_lens], dtype=torch.int32, device=dev)
     if w.ratio == 128:
         width = max(128, -(-max((p + 1) // 128 for p in tok_pos) // 128) * 128)
         gi = torch.full((T + pad_rows, width), -1, dtype=torch.int32)

@@ -183,6 +183,59 @@ def test_decode_cuda_graph_replay_equals_eager(v41, ratio):
     _log(f"cuda graph {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
 
 
+@pytest.mark.parametrize("v41,ratio", [(False, 4), (True, 2)])
+def test_decode_graph_captured_on_dummy_metadata_replays_real_batches(v41, ratio):
+    """vLLM captures its decode graphs on a dummy batch (each context just the query tokens,
+    block tables as they are) and replays them after copying each step's metadata into the
+    same buffers. Captured so, replays on the real contexts (and on a second, shorter set)
+    must equal eager on those contexts: nothing derived from the metadata's contents may be
+    fixed at capture (a host-side length, a grid sized from the contexts)."""
+    seq = [3000, 2100, 700, 4100]
+    w = C.build_world(ratio=ratio, seq_lens=seq, heads=64, device="cuda", seed=500 + ratio,
+                      v41=v41)
+    nn = 6
+    md = C.decode_metadata(w, nn, seq_lens=[nn] * len(seq))  # capture-time dummy contexts
+    rows = md.tok_pos + [0, 0]
+    g = torch.Generator().manual_seed(3)
+    q, iq, iw = C.make_queries(w, rows, g)
+    out = torch.empty_like(q)
+    topk = (C.v41_topk(w, rows, g) if v41
+            else torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    for lens, seed in ((seq, 8), ([1500, 60, 699, 2500], 9)):
+        real = C.decode_metadata(w, nn, seq_lens=lens)
+        for name in ("swa_indices", "swa_lens", "token_to_req", "positions", "is_valid", "ctx"):
+            if hasattr(real, name):
+                getattr(md, name).copy_(getattr(real, name))
+        rrows = real.tok_pos + [0, 0]
+        g = torch.Generator().manual_seed(seed)
+        q2, iq2, iw2 = C.make_queries(w, rrows, g)
+        q.copy_(q2), iq.copy_(iq2), iw.copy_(iw2)
+        topk2 = C.v41_topk(w, rrows, g) if v41 else None
+        if v41:
+            topk.copy_(topk2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed, replayed_topk = out.clone(), topk.clone()
+        eager, eager_topk = C.run_decode(w, real, OPS, q2, iq2, iw2, topk_buf=topk2)
+        torch.cuda.synchronize()
+        assert torch.equal(replayed[: real.T], eager[: real.T])
+        if not v41:
+            assert torch.equal(replayed_topk[: real.T], eager_topk[: real.T])
+        worst, _, _ = C.check_against_oracle(w, real, q2, iq2, iw2, replayed, replayed_topk)
+        assert worst <= 2e-2
+    _log(f"graph on dummy metadata {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
+
+
 @pytest.mark.parametrize("heads,groups", [(64, 8), (8, 1)])
 def test_o_proj_bf16_from_fp8_block_weight(heads, groups):
     """Inverse RoPE (bf16, no FP8) + grouped wo_a from an FP8 block-quantised
