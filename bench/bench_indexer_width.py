@@ -42,7 +42,7 @@ SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 1, 262144, 64
           (1, 6, 65536, 64, 262144), (1, 6, 2048, 64, 262144),
           (8, 1, 8192, 64, 262144), (64, 1, 2048, 64, 262144), (1, 1, 2048, 64, 32768),
           (128, 1, 4096, 32, 32768), (256, 1, 2048, 64, 262144), (64, 6, 2048, 64, 262144),
-          (64, 1, 65536, 64, 262144), (16, 6, 65536, 64, 262144)]
+          (64, 1, 65536, 64, 262144), (16, 6, 65536, 64, 262144), (16, 6, 8192, 32, 32768)]
 QUICK = [(1, 1, 2048, 64, 262144), (64, 1, 2048, 64, 262144)]
 
 
@@ -78,13 +78,21 @@ def with_env(env: dict, fn):
                 os.environ[k] = v
 
 
-def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None):
-    """``budget``: decode_topk's tile_budget (the key buffer's bytes), None its default."""
-    q4 = s["q"].view(B, NN, H, -1)
+def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None, flat=False):
+    """``budget``: decode_topk's tile_budget (the key buffer's bytes), None its default.
+    ``flat``: the rows as vLLM's indexer metadata flattens them where the platform has no
+    native multi-row decode (SM80 for next_n > 2, ``_supports_native_decode`` in
+    v1/attention/backends/mla/indexer.py): one single-token row per query token, each with its
+    own copy of its request's block-table row and its own length."""
+    if flat:
+        q4 = s["q"].view(B * NN, 1, H, -1)
+        lens, bt = s["lens"].reshape(B * NN), s[bt_key + "_flat"]
+    else:
+        q4, lens, bt = s["q"].view(B, NN, H, -1), s["lens"], s[bt_key]
     env = {"DEEPINFER_INDEXER_WINDOW": window, "DEEPINFER_ROW_TOPK_SPLIT": split}
     kw = {} if budget is None else {"tile_budget": budget}
     return lambda: with_env(env, lambda: I.decode_topk(
-        q4, s["w"], s["pages"], s["lens"], s[bt_key], BS, TOPK, s["idx"], scorer="cuda", **kw))
+        q4, s["w"], s["pages"], lens, bt, BS, TOPK, s["idx"], scorer="cuda", **kw))
 
 
 def main(argv=None) -> int:
@@ -121,24 +129,31 @@ def main(argv=None) -> int:
         rows = B * NN
         sets, tile = wide_sets(B, NN, ctx, H, width, g)
         s0 = sets[0]
-        variants = [("wide, whole rows", "bt_wide", "0", "1", None),
-                    ("wide, window", "bt_wide", "1", "1", None),
-                    ("wide, window, one block per row", "bt_wide", "1", "0", None),
-                    ("narrow", "bt", "0" if whole_only else "1", "1", None)]
-        variants += [(f"wide, window, keys {mb} MB", "bt_wide", "1", "1", int(mb) << 20)
+        variants = [("wide, whole rows", "bt_wide", "0", "1", None, False),
+                    ("wide, window", "bt_wide", "1", "1", None, False),
+                    ("wide, window, one block per row", "bt_wide", "1", "0", None, False),
+                    ("narrow", "bt", "0" if whole_only else "1", "1", None, False)]
+        variants += [(f"wide, window, keys {mb} MB", "bt_wide", "1", "1", int(mb) << 20, False)
                      for mb in args.budgets.split(",") if mb]
+        if NN > 1 and not whole_only:  # vLLM's flattened layout on SM80 (next_n > 2)
+            for st in sets:
+                st["bt_flat"] = st["bt"].repeat_interleave(NN, 0)
+                st["bt_wide_flat"] = st["bt_wide"].repeat_interleave(NN, 0)
+            variants += [("narrow, flattened rows", "bt", "1", "1", None, True),
+                         ("wide, window, flattened rows", "bt_wide", "1", "1", None, True)]
         if whole_only:
             variants = [v for v in variants if not v[0].startswith("wide, window")]
         got = {}
-        for name, bt_key, window, split, budget in variants:
+        for name, bt_key, window, split, budget, flat in variants:
             s0["idx"].fill_(-7)
-            topk_call(s0, B, NN, H, bt_key, window, split, budget)()
+            topk_call(s0, B, NN, H, bt_key, window, split, budget, flat)()
             got[name] = s0["idx"].clone()
         report.check(f"{shape}: the same indices with the wide table",
                      all(torch.equal(v, got["narrow"]) for v in got.values()))
         times = {}
-        for name, bt_key, window, split, budget in variants:
-            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split, budget) for s in sets],
+        for name, bt_key, window, split, budget, flat in variants:
+            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split, budget, flat)
+                                   for s in sets],
                                   min_calls=common.CALLS_PER_REPLAY)
             times[name] = t.median_us
             report.add(what="decode_topk", shape=shape, impl=lbl + name, median_us=t.median_us,
