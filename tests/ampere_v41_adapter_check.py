@@ -118,10 +118,14 @@ def run_case(mod, ratio: int, decode: bool, replay: bool = False) -> dict:
             "compressed_attended": int(sum(int((topk[t] >= 0).sum()) for t in range(n)))}
 
 
-def check_indexer_candidates(write: bool) -> dict:
+def check_indexer_candidates(write: bool, layout: str = "native") -> dict:
     """V4's AmpereSparseAttnIndexer as V4.1 builds it (candidate blocks), on a decode batch
     with vLLM-shaped metadata: the candidate rows (write) or the masked top-k sets (mask)
-    equal the float64 oracle's."""
+    equal the float64 oracle's. ``layout``: "native" ([requests, next_n] rows, 2-D lengths),
+    "flattened" (what the metadata builder makes below SM90 for next_n > 2: one row per token,
+    1-D per-token lengths, the block table repeated per token with stale columns past it, a
+    uniform batch: the adapter regroups the rows) or "flattened_mixed" (the same, not uniform:
+    the rows stay one per token)."""
     from indexer_cases import (_oracle_candidates, _oracle_masked_topk, dyadic_fp8,
                                dyadic_weights, k_scales, logits64)
 
@@ -146,11 +150,29 @@ def check_indexer_candidates(write: bool) -> dict:
     op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, K, D
     op.max_total_seq_len = 1024
     op.candidate_blocks, op.candidate_block_size, op.candidate_write = cand, cbs, write
+    if layout == "native":
+        dec = SimpleNamespace(decode_lens=torch.full((B,), NN), seq_lens=seq,
+                              requires_padding=False, block_table=bt)
+    else:  # vLLM's flattened buffers: wider than the batch, stale page ids past it
+        T = B * NN
+        flat_bt = torch.randint(0, nb, (T + 3, bt.shape[1] + 2), generator=g, dtype=torch.int32)
+        flat_bt[:T, : bt.shape[1]] = bt.repeat_interleave(NN, 0)
+        flat_seq = torch.zeros(T + 3, dtype=torch.int32)
+        flat_seq[:T] = seq.reshape(-1)
+        dec = SimpleNamespace(decode_lens=torch.ones(T, dtype=torch.int32), seq_lens=flat_seq[:T],
+                              requires_padding=False, block_table=flat_bt[:T],
+                              decode_is_uniform=layout == "flattened", write_max_decode_len=NN)
     md = SimpleNamespace(num_prefills=0, num_decodes=B, num_decode_tokens=B * NN, prefill=None,
-                         decode=SimpleNamespace(decode_lens=torch.full((B,), NN), seq_lens=seq,
-                                                requires_padding=False, block_table=bt))
+                         decode=dec)
     mi.get_forward_context = lambda: SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})
-    op._forward(torch.zeros(B * NN + 2, 16), q.view(torch.float8_e4m3fn), None, w64.float())
+    shapes = []
+    real_topk = mi.ampere_indexer.decode_topk
+    mi.ampere_indexer.decode_topk = lambda q4, *a, **kw: shapes.append(tuple(q4.shape[:2])) or \
+        real_topk(q4, *a, **kw)
+    try:
+        op._forward(torch.zeros(B * NN + 2, 16), q.view(torch.float8_e4m3fn), None, w64.float())
+    finally:
+        mi.ampere_indexer.decode_topk = real_topk
     ok = True
     for b in range(B):
         kv = torch.cat([vals[int(p)] for p in bt[b]])
@@ -164,7 +186,7 @@ def check_indexer_candidates(write: bool) -> dict:
             else:
                 ok &= got == _oracle_masked_topk(L[i], n, cand[r].tolist(), cbs, K)
     ok &= bool((cand[B * NN:] == -7).all()) if write else True  # rows past the batch untouched
-    return {"ok": bool(ok)}
+    return {"ok": bool(ok), "rows_shape": shapes}
 
 
 def main():
@@ -178,6 +200,9 @@ def main():
     res["indexer_attn_cls"] = idx.DeepseekV41AmpereIndexer.attn_cls.__name__
     res["indexer_candidates_write"] = check_indexer_candidates(True)
     res["indexer_candidates_mask"] = check_indexer_candidates(False)
+    for layout in ("flattened", "flattened_mixed"):
+        res[f"indexer_candidates_write_{layout}"] = check_indexer_candidates(True, layout)
+        res[f"indexer_candidates_mask_{layout}"] = check_indexer_candidates(False, layout)
     A = mod.DeepseekV41AmpereSparseAttention
     from vllm.platforms.interface import DeviceCapability
 

@@ -126,3 +126,16 @@ def test_v41_indexer_is_the_ampere_scorer_with_candidates(v41_results):
     assert v41_results["indexer_attn_cls"] == "AmpereSparseAttnIndexer"
     assert v41_results["indexer_candidates_write"]["ok"]
     assert v41_results["indexer_candidates_mask"]["ok"]
+
+
+@pytest.mark.parametrize("mode", ["write", "mask"])
+def test_indexer_regroups_a_flattened_uniform_decode(v41_results, mode):
+    """Below SM90 vLLM's indexer metadata flattens a decode of next_n > 2 tokens per request
+    into one row per token (per-token lengths, the block table repeated per token). A uniform
+    batch goes to the scorer as [requests, next_n] again (each request's K read once for its
+    rows; 11-60% of decode_topk on the H200, docs/indexer-scorer.md), a mixed one row per
+    token; both equal the float64 oracle (3 requests x 2 rows here)."""
+    flat = v41_results[f"indexer_candidates_{mode}_flattened"]
+    mixed = v41_results[f"indexer_candidates_{mode}_flattened_mixed"]
+    assert flat["ok"] and flat["rows_shape"] == [[3, 2]], flat
+    assert mixed["ok"] and mixed["rows_shape"] == [[6, 1]], mixed

@@ -32,6 +32,24 @@ from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
 from vllm.v1.worker.workspace import current_workspace_manager
 
 
+def _flattened_uniform_rows(m, dm) -> int:
+    """next_n when vLLM's indexer metadata flattened a uniform multi-token decode (every
+    request ``next_n`` in 2..8 tokens, one row per token: ``decode_lens`` per token, 1-D
+    per-token ``seq_lens`` = L - next_n + 1 + j, the block table repeated per token;
+    ``DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors`` in
+    v1/attention/backends/mla/indexer.py, which flattens below SM90 for next_n > 2), else 0.
+    Decided from host metadata only (``decode_is_uniform``, ``write_max_decode_len``, the
+    request and token counts): the same at CUDA-graph capture and replay."""
+    L = int(getattr(dm, "write_max_decode_len", 0) or 0)
+    if not getattr(dm, "decode_is_uniform", False) or not 2 <= L <= 8:
+        return 0
+    nd = m.num_decode_tokens
+    if (m.num_decodes * L != nd or dm.decode_lens.shape[0] != nd or dm.seq_lens.dim() != 1
+            or dm.seq_lens.shape[0] < nd or dm.block_table.shape[0] < nd):
+        return 0
+    return L
+
+
 class AmpereSparseAttnIndexer(SparseAttnIndexer):
     """Scores and selects top-k for the FP8 indexer cache without DeepGEMM."""
 
@@ -135,8 +153,23 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
             dm = m.decode
             nd = m.num_decode_tokens
             B = dm.decode_lens.shape[0]
-            padded = dm.requires_padding or (nd % B != 0)
-            if padded:
+            ctx, bt = dm.seq_lens[:B], dm.block_table[:B]
+            rows_per_req = _flattened_uniform_rows(m, dm)
+            padded = not rows_per_req and (dm.requires_padding or (nd % B != 0))
+            if rows_per_req:
+                # vLLM flattened a uniform speculative decode (one row per token, each with
+                # its own copy of its request's block-table row: no native multi-row decode
+                # below SM90 for next_n > 2). The same rows as [requests, next_n] again, with
+                # each request's first block-table row: the scorer then reads each request's
+                # K once for its next_n rows instead of once per row. Views only.
+                next_n = rows_per_req
+                B = nd // next_n
+                qp = q_u8[:nd].view(B, next_n, *q_u8.shape[1:])
+                wp = weights[:nd]
+                ctx = dm.seq_lens[:nd].view(B, next_n)
+                bt = dm.block_table[:nd:next_n]
+                tmp = buf[:nd]
+            elif padded:
                 from vllm.v1.attention.ops.common import pack_seq_triton, unpack_seq_triton
 
                 qp = pack_seq_triton(q_u8[:nd], dm.decode_lens, pad_value=0)
@@ -150,7 +183,7 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
                 wp = weights[:nd]
                 tmp = buf[: B * next_n]
             ampere_indexer.decode_topk(
-                qp, wp, kv_cache, dm.seq_lens[:B], dm.block_table[:B], kv_cache.shape[1], topk,
+                qp, wp, kv_cache, ctx, bt, kv_cache.shape[1], topk,
                 tmp, candidates=self._candidates(0, B * next_n))
             if padded:
                 rows = unpack_seq_triton(tmp[:, :topk].reshape(B, next_n, topk), dm.decode_lens)
