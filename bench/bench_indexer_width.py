@@ -83,8 +83,13 @@ def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None, flat=False):
     ``flat``: the rows as vLLM's indexer metadata flattens them where the platform has no
     native multi-row decode (SM80 for next_n > 2, ``_supports_native_decode`` in
     v1/attention/backends/mla/indexer.py): one single-token row per query token, each with its
-    own copy of its request's block-table row and its own length."""
-    if flat:
+    own copy of its request's block-table row and its own length; "regrouped": those flattened
+    buffers as the indexer adapter passes them ([B, next_n] views, every next_n-th block-table
+    row: ``_flattened_uniform_rows`` in overlay/vllm/models/deepseek_v4/nvidia/ampere_indexer.py)."""
+    if flat == "regrouped":  # the indexer adapter's views of vLLM's flattened rows
+        q4 = s["q"].view(B, NN, H, -1)
+        lens, bt = s["lens"].reshape(B * NN).view(B, NN), s[bt_key + "_flat"][::NN]
+    elif flat:
         q4 = s["q"].view(B * NN, 1, H, -1)
         lens, bt = s["lens"].reshape(B * NN), s[bt_key + "_flat"]
     else:
@@ -140,7 +145,9 @@ def main(argv=None) -> int:
                 st["bt_flat"] = st["bt"].repeat_interleave(NN, 0)
                 st["bt_wide_flat"] = st["bt_wide"].repeat_interleave(NN, 0)
             variants += [("narrow, flattened rows", "bt", "1", "1", None, True),
-                         ("wide, window, flattened rows", "bt_wide", "1", "1", None, True)]
+                         ("wide, window, flattened rows", "bt_wide", "1", "1", None, True),
+                         ("narrow, flattened rows regrouped by the adapter", "bt", "1", "1", None,
+                          "regrouped")]
         if whole_only:
             variants = [v for v in variants if not v[0].startswith("wide, window")]
         got = {}
