@@ -68,6 +68,34 @@ def test_chunk_column_spans_are_each_chunks_min_and_max(T, row_chunk):
     assert I.chunk_column_spans(ks.to(torch.int32), ke, row_chunk) == want
 
 
+def test_decode_topk_reads_pages_at_vllms_padded_stride():
+    """vLLM pads each DeepSeek-V4 cache page to its spec's alignment (576 B:
+    ``_apply_alignment_padding``, v1/kv_cache_interface.py), so an indexer page of 64 x 132 =
+    8,448 bytes sits at a stride of 8,640. The same pages at that stride (junk in the padding)
+    select what the contiguous pages select."""
+    g = torch.Generator().manual_seed(3)
+    B, H, D, bs, K, nb = 2, 8, 128, 64, 32, 6
+    codes, _ = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    padded = torch.randint(0, 256, (nb, 8640), generator=g, dtype=torch.uint8)
+    padded[:, : bs * 132] = pages
+    strided = padded[:, : bs * 132].view(nb, bs, 132)
+    assert strided.stride(0) == 8640
+    bt = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    qc, _ = dyadic_fp8((B, 1, H, D), g)
+    w = dyadic_weights((B, H), g).float()
+    ctx = torch.tensor([150, 190])
+    outs = []
+    for kv in (pages.view(nb, bs, 132), strided):
+        out = torch.full((B, K), -7, dtype=torch.int32)
+        I.decode_topk(qc, w, kv, ctx, bt, bs, K, out, pages_per_tile=2)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and (outs[0] >= 0).sum() == B * K
+
+
 @pytest.mark.parametrize("next_n", [1, 6])
 def test_decode_topk_paged_matches_oracle_sets(next_n):
     g = torch.Generator().manual_seed(1)

@@ -409,6 +409,29 @@ def test_decode_topk_block_table_as_wide_as_max_model_len(rng, monkeypatch, NN, 
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 
 
+@pytest.mark.parametrize("NN", [1, 6])
+def test_decode_topk_pages_at_vllms_padded_stride(rng, NN):
+    """vLLM pads each DeepSeek-V4 cache page to 576-byte alignment (v1/kv_cache_interface.py
+    ``_apply_alignment_padding``): 64 x 132 = 8,448-byte indexer pages at a stride of 8,640,
+    junk in the padding. The CUDA scorer reads them through the stride: the same indices as
+    the contiguous pages."""
+    B, H, bs, K = 3, 64, 64, 512
+    c = _random_paged(rng, B=B, NN=NN, H=H, bs=bs, ctx_max=3000, nan=False)
+    pages = c["pages"]
+    nb = pages.shape[0]
+    padded = torch.randint(0, 256, (nb, 8640), dtype=torch.uint8, device=DEV)
+    padded[:, : bs * 132] = pages.reshape(nb, -1)
+    strided = padded[:, : bs * 132].view(nb, bs, 132)
+    q = c["q"].view(B, NN, H, D)
+    ctx = c["hi"].view(B, NN)
+    outs = []
+    for kv in (pages, strided):
+        o = torch.full((B * NN, K), -7, dtype=torch.int32, device=DEV)
+        I.decode_topk(q, c["w"], kv, ctx, c["bt"], bs, K, o, scorer="cuda")
+        outs.append(o.cpu())
+    assert torch.equal(outs[0], outs[1]) and (outs[0] >= 0).sum() > 0
+
+
 def test_bad_arguments_raise():
     q = torch.zeros(2, 8, D, dtype=torch.uint8, device=DEV)
     args = dict(col0=0, n_cols=64, lo=torch.zeros(2, dtype=torch.int32, device=DEV),
