@@ -118,6 +118,59 @@ def run_case(mod, ratio: int, decode: bool, replay: bool = False) -> dict:
             "compressed_attended": int(sum(int((topk[t] >= 0).sum()) for t in range(n)))}
 
 
+def run_mixed_case(mod, ratio: int) -> dict:
+    """A mixed batch as vLLM orders it: two decode requests (one token each) first, then two
+    prefill requests; the adapter slices the block tables, query_start_loc (which then starts
+    at the decode tokens' count) and the shared top-k buffer at the split. Every token against
+    the float64 oracle."""
+    import layer_cases as C
+
+    seq, qlens = [900, 300, 700, 260], [1, 1, 200, 9]
+    w = C.build_world(ratio=max(ratio, 1), seq_lens=seq, heads=8, device="cpu",
+                      seed=60 + ratio, v41=ratio > 0)
+    md_d = C.decode_metadata(w, 1, pad_rows=0, seq_lens=seq[:2])
+    tok_req = md_d.tok_req + [r for r in (2, 3) for _ in range(qlens[r])]
+    tok_pos = md_d.tok_pos + [p for r in (2, 3) for p in range(seq[r] - qlens[r], seq[r])]
+    qsl = [0]
+    for ql in qlens:
+        qsl.append(qsl[-1] + ql)
+    g = torch.Generator().manual_seed(21 + ratio)
+    q, iq, iw = C.make_queries(w, tok_pos, g)
+    topk = (C.v41_topk(w, tok_pos, g) if ratio > 0
+            else torch.full((len(tok_pos), C.TOPK), -1, dtype=torch.int32))
+    layer = fake_layer(mod, w, ratio, topk)
+    pre_seq, pre_q = seq[2:], qlens[2:]
+    from deepinfer_sm80.ampere.layer import plan_prefill_chunks
+
+    def plan(compress_ratio, prefill_chunk_size, has_compressed=None):
+        return plan_prefill_chunks(pre_seq, compress_ratio, C.WINDOW, chunk_size=prefill_chunk_size,
+                                   max_query_lens=pre_q, swa_only=not has_compressed)
+
+    swa_md = SimpleNamespace(
+        num_decodes=2, num_decode_tokens=2, num_prefills=2, num_prefill_tokens=sum(pre_q),
+        decode_swa_indices=md_d.swa_indices, decode_swa_lens=md_d.swa_lens,
+        token_to_req_indices=md_d.token_to_req, is_valid_token=md_d.is_valid,
+        prefill_seq_lens=torch.tensor(pre_seq, dtype=torch.int32),
+        prefill_gather_lens=torch.tensor([ql + min(L - ql, C.WINDOW - 1)
+                                          for L, ql in zip(pre_seq, pre_q)], dtype=torch.int32),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+        get_prefill_chunk_plan=plan, block_table=w.swa_bt, block_size=C.SWA_BS)
+    metadata = {layer.swa_cache_layer.prefix: swa_md}
+    if ratio > 0:
+        metadata[layer.compressed_cache_prefix] = SimpleNamespace(block_table=w.c_bt,
+                                                                  block_size=w.cbs * ratio)
+    mod.get_forward_context = lambda: SimpleNamespace(attn_metadata=metadata)
+    out = torch.full_like(q, float("nan"))
+    layer.forward_mqa(q, None, None, out)
+    worst = 0.0
+    for t, (r, p) in enumerate(zip(tok_req, tok_pos)):
+        comp = [int(j) for j in topk[t].tolist() if j >= 0] if ratio > 0 else []
+        worst = max(worst, C.rel_err(out[t], C.oracle_token(w, r, p, q[t], comp)))
+    return {"max_rel_err": worst, "tokens": len(tok_pos),
+            "compressed_attended": int((topk >= 0).sum())}
+
+
 def check_indexer_candidates(write: bool, layout: str = "native") -> dict:
     """V4's AmpereSparseAttnIndexer as V4.1 builds it (candidate blocks), on a decode batch
     with vLLM-shaped metadata: the candidate rows (write) or the masked top-k sets (mask)
@@ -220,6 +273,7 @@ def main():
         for decode in (True, False):
             res[f"{'decode' if decode else 'prefill'}_ratio{ratio}"] = run_case(mod, ratio, decode)
         res[f"prefill_replay_ratio{ratio}"] = run_case(mod, ratio, False, replay=True)
+        res[f"mixed_ratio{ratio}"] = run_mixed_case(mod, ratio)
     print("RESULT " + json.dumps(res))
 
 

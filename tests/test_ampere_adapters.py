@@ -108,14 +108,15 @@ def test_v41_backend_swa_builder_and_heads(v41_results):
     assert r["abstract_methods"] == []  # instantiable: every abstract hook implemented
 
 
-@pytest.mark.parametrize("step", ["decode", "prefill", "prefill_replay"])
+@pytest.mark.parametrize("step", ["decode", "prefill", "prefill_replay", "mixed"])
 @pytest.mark.parametrize("ratio", [0, 1, 2])
 def test_v41_forward_mqa_matches_oracle(v41_results, ratio, step):
     """The adapter's forward_mqa with vLLM-shaped V4.1 metadata (compressed cache and
     block table from the kv-source layer's prefix, top-k from the shared buffer), portable
     ops on the CPU, against the float64 oracle. prefill_replay: after prefix-cache hits
     (gather lengths from the requests' replay starts) with failed top-k candidates: V4.1's
-    combine, which the adapter must ask for."""
+    combine, which the adapter must ask for. mixed: decode requests first, then prefill
+    requests in one batch (the adapter's slices at the split)."""
     r = v41_results[f"{step}_ratio{ratio}"]
     assert r["tokens"] > 0 and r["max_rel_err"] <= 2e-2, r
     assert (r["compressed_attended"] > 0) == (ratio > 0), r
