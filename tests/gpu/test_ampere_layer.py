@@ -137,6 +137,50 @@ def test_v41_prefill_chunks(ratio, seq_lens, qlens, heads):
     assert worst <= 2e-2
 
 
+def _captured_decode(w, md, rows, seed):
+    """Inputs of ``md``'s decode step (queries, out, top-k buffer) and a CUDA graph of the step
+    on them, captured after two eager warm-ups (Triton JIT, workspaces) on a side stream."""
+    g = torch.Generator().manual_seed(seed)
+    q, iq, iw = C.make_queries(w, rows, g)
+    out = torch.empty_like(q)
+    topk = (C.v41_topk(w, rows, g) if w.v41
+            else torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    return graph, (q, iq, iw, out, topk)
+
+
+def _replay_against_eager(w, md, graph, bufs, rows, seed, check_topk):
+    """Fresh queries (and V4.1 top-k) for ``rows`` copied into the graph's buffers, one replay,
+    and the eager step on ``md``: the replayed output (and top-k, ``check_topk``) bit-equal to
+    eager, and within bf16 level of the float64 oracle."""
+    q, iq, iw, out, topk = bufs
+    g = torch.Generator().manual_seed(seed)
+    q2, iq2, iw2 = C.make_queries(w, rows, g)
+    q.copy_(q2), iq.copy_(iq2), iw.copy_(iw2)
+    topk2 = C.v41_topk(w, rows, g) if w.v41 else None
+    if w.v41:
+        topk.copy_(topk2)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed, replayed_topk = out.clone(), topk.clone()
+    eager, eager_topk = C.run_decode(w, md, OPS, q2, iq2, iw2, topk_buf=topk2)
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[: md.T], eager[: md.T])
+    if check_topk:
+        assert torch.equal(replayed_topk[: md.T], eager_topk[: md.T])
+    worst, _, _ = C.check_against_oracle(w, md, q2, iq2, iw2, replayed, replayed_topk)
+    assert worst <= 2e-2
+
+
 @pytest.mark.parametrize("v41,ratio", [(False, 4), (False, 128), (True, 1), (True, 2)])
 def test_decode_cuda_graph_replay_equals_eager(v41, ratio):
     """Capture the decode step (V4: indexer top-k + index mapping + attention; V4.1: the
@@ -146,40 +190,9 @@ def test_decode_cuda_graph_replay_equals_eager(v41, ratio):
                       seed=300 + ratio, v41=v41)
     md = C.decode_metadata(w, 6)
     rows = md.tok_pos + [0, 0]
-    g = torch.Generator().manual_seed(5)
-    q, iq, iw = C.make_queries(w, rows, g)
-    out = torch.empty_like(q)
-    if v41:
-        topk = C.v41_topk(w, rows, g)
-    else:
-        topk = torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):  # warm-up (Triton JIT, workspaces) outside capture
-            C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    graph, bufs = _captured_decode(w, md, rows, 5)
     for seed in (6, 7):
-        g = torch.Generator().manual_seed(seed)
-        q2, iq2, iw2 = C.make_queries(w, rows, g)
-        q.copy_(q2), iq.copy_(iq2), iw.copy_(iw2)
-        topk2 = C.v41_topk(w, rows, g) if v41 else None
-        if v41:
-            topk.copy_(topk2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        replayed, replayed_topk = out.clone(), topk.clone()
-        eager, eager_topk = C.run_decode(w, md, OPS, q2, iq2, iw2, topk_buf=topk2)
-        torch.cuda.synchronize()
-        assert torch.equal(replayed[: md.T], eager[: md.T])
-        if ratio == 4:
-            assert torch.equal(replayed_topk[: md.T], eager_topk[: md.T])
-        worst, _, _ = C.check_against_oracle(w, md, q2, iq2, iw2, replayed, replayed_topk)
-        assert worst <= 2e-2
+        _replay_against_eager(w, md, graph, bufs, rows, seed, check_topk=ratio == 4)
     _log(f"cuda graph {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
 
 
@@ -195,44 +208,14 @@ def test_decode_graph_captured_on_dummy_metadata_replays_real_batches(v41, ratio
                       v41=v41)
     nn = 6
     md = C.decode_metadata(w, nn, seq_lens=[nn] * len(seq))  # capture-time dummy contexts
-    rows = md.tok_pos + [0, 0]
-    g = torch.Generator().manual_seed(3)
-    q, iq, iw = C.make_queries(w, rows, g)
-    out = torch.empty_like(q)
-    topk = (C.v41_topk(w, rows, g) if v41
-            else torch.full((q.shape[0], C.TOPK), -1, dtype=torch.int32, device="cuda"))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        C.run_decode(w, md, OPS, q, iq, iw, out=out, topk_buf=topk)
+    graph, bufs = _captured_decode(w, md, md.tok_pos + [0, 0], 3)
     for lens, seed in ((seq, 8), ([1500, 60, 699, 2500], 9)):
         real = C.decode_metadata(w, nn, seq_lens=lens)
         for name in ("swa_indices", "swa_lens", "token_to_req", "positions", "is_valid", "ctx"):
             if hasattr(real, name):
                 getattr(md, name).copy_(getattr(real, name))
-        rrows = real.tok_pos + [0, 0]
-        g = torch.Generator().manual_seed(seed)
-        q2, iq2, iw2 = C.make_queries(w, rrows, g)
-        q.copy_(q2), iq.copy_(iq2), iw.copy_(iw2)
-        topk2 = C.v41_topk(w, rrows, g) if v41 else None
-        if v41:
-            topk.copy_(topk2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        replayed, replayed_topk = out.clone(), topk.clone()
-        eager, eager_topk = C.run_decode(w, real, OPS, q2, iq2, iw2, topk_buf=topk2)
-        torch.cuda.synchronize()
-        assert torch.equal(replayed[: real.T], eager[: real.T])
-        if not v41:
-            assert torch.equal(replayed_topk[: real.T], eager_topk[: real.T])
-        worst, _, _ = C.check_against_oracle(w, real, q2, iq2, iw2, replayed, replayed_topk)
-        assert worst <= 2e-2
+        _replay_against_eager(w, real, graph, bufs, real.tok_pos + [0, 0], seed,
+                              check_topk=not v41)
     _log(f"graph on dummy metadata {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
 
 
