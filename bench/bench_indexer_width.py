@@ -78,18 +78,19 @@ def with_env(env: dict, fn):
                 os.environ[k] = v
 
 
-def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None, flat=False):
+def topk_call(s, B, NN, H, bt_key, window, split="1", budget=None, layout="native"):
     """``budget``: decode_topk's tile_budget (the key buffer's bytes), None its default.
-    ``flat``: the rows as vLLM's indexer metadata flattens them where the platform has no
-    native multi-row decode (SM80 for next_n > 2, ``_supports_native_decode`` in
-    v1/attention/backends/mla/indexer.py): one single-token row per query token, each with its
-    own copy of its request's block-table row and its own length; "regrouped": those flattened
-    buffers as the indexer adapter passes them ([B, next_n] views, every next_n-th block-table
-    row: ``_flattened_uniform_rows`` in overlay/vllm/models/deepseek_v4/nvidia/ampere_indexer.py)."""
-    if flat == "regrouped":  # the indexer adapter's views of vLLM's flattened rows
+    ``layout``: "native" ([B, next_n] rows); "flat": the rows as vLLM's indexer metadata
+    flattens them where the platform has no native multi-row decode (SM80 for next_n > 2,
+    ``_supports_native_decode`` in v1/attention/backends/mla/indexer.py): one single-token row
+    per query token, each with its own copy of its request's block-table row and its own
+    length; "regrouped": those flattened buffers as the indexer adapter passes them ([B, next_n]
+    views, every next_n-th block-table row: ``_flattened_uniform_rows`` in
+    overlay/vllm/models/deepseek_v4/nvidia/ampere_indexer.py)."""
+    if layout == "regrouped":  # the indexer adapter's views of vLLM's flattened rows
         q4 = s["q"].view(B, NN, H, -1)
         lens, bt = s["lens"].reshape(B * NN).view(B, NN), s[bt_key + "_flat"][::NN]
-    elif flat:
+    elif layout == "flat":
         q4 = s["q"].view(B * NN, 1, H, -1)
         lens, bt = s["lens"].reshape(B * NN), s[bt_key + "_flat"]
     else:
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-doc", action="store_true")
-    ap.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default all)")
+    ap.add_argument("--shapes", default="",
+                    help="comma-separated indices into SHAPES (default all)")
     ap.add_argument("--budgets", default="", help="comma-separated key-buffer sizes in MB: more "
                     "'wide, window' variants with that tile budget (default budget: "
                     f"{I.DEFAULT_TILE_BUDGET >> 20} MB of int64 keys)")
@@ -134,32 +136,32 @@ def main(argv=None) -> int:
         rows = B * NN
         sets, tile = wide_sets(B, NN, ctx, H, width, g)
         s0 = sets[0]
-        variants = [("wide, whole rows", "bt_wide", "0", "1", None, False),
-                    ("wide, window", "bt_wide", "1", "1", None, False),
-                    ("wide, window, one block per row", "bt_wide", "1", "0", None, False),
-                    ("narrow", "bt", "0" if whole_only else "1", "1", None, False)]
-        variants += [(f"wide, window, keys {mb} MB", "bt_wide", "1", "1", int(mb) << 20, False)
+        variants = [("wide, whole rows", "bt_wide", "0", "1", None, "native"),
+                    ("wide, window", "bt_wide", "1", "1", None, "native"),
+                    ("wide, window, one block per row", "bt_wide", "1", "0", None, "native"),
+                    ("narrow", "bt", "0" if whole_only else "1", "1", None, "native")]
+        variants += [(f"wide, window, keys {mb} MB", "bt_wide", "1", "1", int(mb) << 20, "native")
                      for mb in args.budgets.split(",") if mb]
         if NN > 1 and not whole_only:  # vLLM's flattened layout on SM80 (next_n > 2)
             for st in sets:
                 st["bt_flat"] = st["bt"].repeat_interleave(NN, 0)
                 st["bt_wide_flat"] = st["bt_wide"].repeat_interleave(NN, 0)
-            variants += [("narrow, flattened rows", "bt", "1", "1", None, True),
-                         ("wide, window, flattened rows", "bt_wide", "1", "1", None, True),
+            variants += [("narrow, flattened rows", "bt", "1", "1", None, "flat"),
+                         ("wide, window, flattened rows", "bt_wide", "1", "1", None, "flat"),
                          ("narrow, flattened rows regrouped by the adapter", "bt", "1", "1", None,
                           "regrouped")]
         if whole_only:
             variants = [v for v in variants if not v[0].startswith("wide, window")]
         got = {}
-        for name, bt_key, window, split, budget, flat in variants:
+        for name, bt_key, window, split, budget, layout in variants:
             s0["idx"].fill_(-7)
-            topk_call(s0, B, NN, H, bt_key, window, split, budget, flat)()
+            topk_call(s0, B, NN, H, bt_key, window, split, budget, layout)()
             got[name] = s0["idx"].clone()
         report.check(f"{shape}: the same indices with the wide table",
                      all(torch.equal(v, got["narrow"]) for v in got.values()))
         times = {}
-        for name, bt_key, window, split, budget, flat in variants:
-            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split, budget, flat)
+        for name, bt_key, window, split, budget, layout in variants:
+            t = common.graph_time([topk_call(s, B, NN, H, bt_key, window, split, budget, layout)
                                    for s in sets],
                                   min_calls=common.CALLS_PER_REPLAY)
             times[name] = t.median_us

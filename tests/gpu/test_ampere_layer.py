@@ -216,7 +216,8 @@ def test_decode_graph_captured_on_dummy_metadata_replays_real_batches(v41, ratio
                 getattr(md, name).copy_(getattr(real, name))
         _replay_against_eager(w, real, graph, bufs, real.tok_pos + [0, 0], seed,
                               check_topk=not v41)
-    _log(f"graph on dummy metadata {'v41 ' if v41 else ''}ratio={ratio}", {"replay_equals_eager": True})
+    _log(f"graph on dummy metadata {'v41 ' if v41 else ''}ratio={ratio}",
+         {"replay_equals_eager": True})
 
 
 @pytest.mark.parametrize("heads,groups", [(64, 8), (8, 1)])

@@ -120,8 +120,7 @@ def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.
 
 
 def _takes_v41() -> bool:
-    try:
-        schema = _ops().combine_topk_swa_indices.default._schema
-        return any(a.name == "v41" for a in schema.arguments)
-    except (AttributeError, ImportError, OSError, RuntimeError):
-        return False
+    """Whether the loaded extension's combine has the v41 flag (a build older than it not)."""
+    from deepinfer_sm80.ops.indexer import op_takes
+
+    return op_takes("combine_topk_swa_indices", "v41")
