@@ -176,9 +176,10 @@ def check_indexer_candidates(write: bool, layout: str = "native") -> dict:
     with vLLM-shaped metadata: the candidate rows (write) or the masked top-k sets (mask)
     equal the float64 oracle's. ``layout``: "native" ([requests, next_n] rows, 2-D lengths),
     "flattened" (what the metadata builder makes below SM90 for next_n > 2: one row per token,
-    1-D per-token lengths, the block table repeated per token with stale columns past it, a
-    uniform batch: the adapter regroups the rows) or "flattened_mixed" (the same, not uniform:
-    the rows stay one per token)."""
+    per-token lengths as a [tokens, 1] column, the block table repeated per token with stale
+    columns past it, a uniform batch: the adapter regroups the rows) or "flattened_mixed" (the
+    same, not uniform: the rows stay one per token). tests/vllm_indexer_decode_check.py
+    builds these layouts with vLLM's own builder."""
     from indexer_cases import (_oracle_candidates, _oracle_masked_topk, dyadic_fp8,
                                dyadic_weights, k_scales, logits64)
 
@@ -212,7 +213,8 @@ def check_indexer_candidates(write: bool, layout: str = "native") -> dict:
         flat_bt[:T, : bt.shape[1]] = bt.repeat_interleave(NN, 0)
         flat_seq = torch.zeros(T + 3, dtype=torch.int32)
         flat_seq[:T] = seq.reshape(-1)
-        dec = SimpleNamespace(decode_lens=torch.ones(T, dtype=torch.int32), seq_lens=flat_seq[:T],
+        dec = SimpleNamespace(decode_lens=torch.ones(T, dtype=torch.int32),
+                              seq_lens=flat_seq[:T].unsqueeze(-1),
                               requires_padding=False, block_table=flat_bt[:T],
                               decode_is_uniform=layout == "flattened", write_max_decode_len=NN)
     md = SimpleNamespace(num_prefills=0, num_decodes=B, num_decode_tokens=B * NN, prefill=None,

@@ -34,18 +34,22 @@ from vllm.v1.worker.workspace import current_workspace_manager
 
 def _flattened_uniform_rows(m, dm) -> int:
     """next_n when vLLM's indexer metadata flattened a uniform multi-token decode (every
-    request ``next_n`` in 2..8 tokens, one row per token: ``decode_lens`` per token, 1-D
-    per-token ``seq_lens`` = L - next_n + 1 + j, the block table repeated per token;
-    ``DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors`` in
+    request ``next_n`` in 2..8 tokens, one row per token: ``decode_lens`` per token,
+    per-token ``seq_lens`` = (L - next_n + 1 + j) // ratio as a [tokens, 1] column (build()
+    unsqueezes the flattened 1-D lengths; a 1-D form is taken too), the block table
+    repeated per token; ``DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors`` in
     v1/attention/backends/mla/indexer.py, which flattens below SM90 for next_n > 2), else 0.
     Decided from host metadata only (``decode_is_uniform``, ``write_max_decode_len``, the
-    request and token counts): the same at CUDA-graph capture and replay."""
+    request and token counts, shapes): the same at CUDA-graph capture and replay.
+    tests/test_vllm_indexer_decode_sm80.py runs vLLM's builder into it."""
     L = int(getattr(dm, "write_max_decode_len", 0) or 0)
     if not getattr(dm, "decode_is_uniform", False) or not 2 <= L <= 8:
         return 0
     nd = m.num_decode_tokens
-    if (m.num_decodes * L != nd or dm.decode_lens.shape[0] != nd or dm.seq_lens.dim() != 1
-            or dm.seq_lens.shape[0] < nd or dm.block_table.shape[0] < nd):
+    sl = dm.seq_lens
+    per_token = sl.dim() == 1 or (sl.dim() == 2 and sl.shape[1] == 1)
+    if (m.num_decodes * L != nd or dm.decode_lens.shape[0] != nd or not per_token
+            or sl.shape[0] < nd or dm.block_table.shape[0] < nd):
         return 0
     return L
 
@@ -166,7 +170,7 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
                 B = nd // next_n
                 qp = q_u8[:nd].view(B, next_n, *q_u8.shape[1:])
                 wp = weights[:nd]
-                ctx = dm.seq_lens[:nd].view(B, next_n)
+                ctx = dm.seq_lens[:nd].reshape(B, next_n)
                 bt = dm.block_table[:nd:next_n]
                 tmp = buf[:nd]
             elif padded:

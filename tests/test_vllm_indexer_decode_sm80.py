@@ -1,0 +1,85 @@
+"""The Ampere indexer adapter on decode metadata made by vLLM's own builder (CPU, SM80 mocked).
+
+``DeepseekV32IndexerMetadataBuilder.build`` (v1/attention/backends/mla/indexer.py) lays a
+decode step out differently below SM90: without DeepGEMM it flattens next_n > 2 into one
+row per token (per-token lengths as a [tokens, 1] column, the block table repeated per
+token), keeps next_n <= 2 native ([B, next_n] lengths) and pads CUDA-graph padding
+requests through ``pack_seq``. tests/vllm_indexer_decode_check.py builds each layout with
+vLLM's code (Triton interpreter) and runs the adapter's ``_forward`` on it; here every
+token's top-k (V4.1: candidate rows, or the top-k masked to them) must equal the float64
+oracle, and each layout must reach the scorer in the shape it is fastest in: a uniform
+flattened decode regrouped to [requests, next_n] (each request's K read once for its rows),
+anything else as vLLM laid it out.
+
+Until this test, the regrouping was checked only on hand-made metadata with 1-D lengths;
+vLLM's are [tokens, 1], so the regrouping never ran in vLLM (found 2026-12-03).
+Tree: the applied build/vllm-<version> (`make apply`), else skipped with the reason."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vllm_cpu_harness as harness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: case -> (rows, next_n) of the single decode_topk call, and whether vLLM flattened it.
+EXPECTED = {
+    "flat_uniform_c4": ([3, 6], True),
+    "flat_variable_c4": ([15, 1], True),
+    "flat_padded_c4": ([12, 1], True),
+    "native2_c4": ([3, 2], False),
+    "native2_padded_c4": ([3, 2], False),
+    "plain_c4": ([4, 1], False),
+    "v41_flat_uniform_c2_write": ([4, 4], True),
+    "v41_flat_uniform_c1_mask": ([3, 4], True),
+    "v41_flat_variable_c2_mask": ([10, 1], True),
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
+    harness.skip_without_dependencies()
+    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
+    if not (tree / "vllm" / "__init__.py").is_file():
+        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
+               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_indexer_decode_check.py"), "--tree",
+         str(tree), "--capability", "8.0"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT / "tests"))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_every_case_ran(results):
+    assert sorted(results) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_decode_matches_oracle_in_the_fast_shape(results, case):
+    r = results[case]
+    assert "error" not in r, r
+    shape, flattened = EXPECTED[case]
+    assert r["builder"]["use_flattening"] == flattened, r["builder"]
+    assert r["ok"] and not r["bad_rows"], r
+    assert r["rows"] == r["builder"]["num_decode_tokens"] > 0, r
+    assert r["calls"] == [shape], r
+
+
+def test_the_flattened_lengths_are_a_column(results):
+    """The layout the regrouping must recognise, as vLLM builds it: per-token lengths
+    [tokens, 1], one block-table row per token, marked uniform."""
+    b = results["flat_uniform_c4"]["builder"]
+    assert b["seq_lens_shape"] == [18, 1] and b["block_table_shape"][0] == 18
+    assert b["decode_is_uniform"] and not b["requires_padding"]
+    assert results["flat_variable_c4"]["builder"]["decode_is_uniform"] is False
+    assert results["native2_padded_c4"]["builder"]["requires_padding"] is True

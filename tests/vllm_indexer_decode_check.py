@@ -1,0 +1,247 @@
+"""vLLM's own indexer decode metadata, fed to the Ampere indexer adapter (CPU).
+
+Run in a subprocess by tests/test_vllm_indexer_decode_sm80.py:
+``python tests/vllm_indexer_decode_check.py --tree T [--capability 8.0]`` with
+TRITON_INTERPRET=1. The tree is imported under a CUDA platform mocked to the capability
+(tests/vllm_cpu_harness.py, no DeepGEMM). For each batch of :data:`CASES` it
+
+1. builds the metadata with vLLM's ``DeepseekV32IndexerMetadataBuilder.build``
+   (v1/attention/backends/mla/indexer.py: its split into decodes and prefills, its
+   native / flattened / padded decode tensors, the compressed lengths, its Triton
+   preparation kernels run by the interpreter) on the CPU, from a
+   ``CommonAttentionMetadata`` laid out as vLLM's model runner lays out a speculative
+   decode step (requests in order, per-request query lengths, full-width block table);
+2. runs ``AmpereSparseAttnIndexer._forward`` of the working copy's overlay on that
+   metadata (the portable scorer on the CPU) and records the [rows, next_n] shape each
+   ``decode_topk`` call was given;
+3. compares every token's top-k set with the float64 oracle over the compressed
+   entries that token may see (``(seq_len - query_len + 1 + j) // ratio`` of its request's
+   pages), and checks that buffer rows past the batch hold -1.
+
+Prints one line ``RESULT {case: {"ok", "calls", "builder": {...}}}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import triton_interp  # noqa: E402
+import vllm_cpu_harness as harness  # noqa: E402
+
+#: name -> (speculative tokens, compress ratio, page size in tokens, V4.1 candidate step
+#: (None, "write" or "mask"), [(seq_len, query_len) per request]). seq_len counts the
+#: request's tokens including this step's query (vLLM's seq_lens). Page sizes are the
+#: indexer backends' kernel block sizes below SM90: V4 256, V4.1 128 (indexer.py).
+CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
+    # DSpark / MTP with 5 draft tokens: next_n 6 > 2 is flattened below SM90.
+    "flat_uniform_c4": (5, 4, 256, None, [(1000, 6), (411, 6), (777, 6)]),
+    # A request with fewer tokens (short extend counted as a decode): variable flattening.
+    "flat_variable_c4": (5, 4, 256, None, [(1000, 6), (203, 3), (777, 6)]),
+    # Padding requests (query length 0, seq_len 0), as in a CUDA-graph padded batch.
+    "flat_padded_c4": (5, 4, 256, None, [(1000, 6), (411, 6), (0, 0), (0, 0)]),
+    # One draft token: native [B, 2] rows, 2-D lengths.
+    "native2_c4": (1, 4, 256, None, [(900, 2), (35, 2), (640, 2)]),
+    # A padding request in a next_n 2 step: the padded (pack_seq) path.
+    "native2_padded_c4": (1, 4, 256, None, [(900, 2), (35, 2), (0, 0)]),
+    # No speculation.
+    "plain_c4": (0, 4, 256, None, [(900, 1), (35, 1), (640, 1), (5, 1)]),
+    # DeepSeek-V4.1: C2A / C1A indexers with the two-level candidate step, flattened.
+    "v41_flat_uniform_c2_write": (3, 2, 128, "write", [(300, 4), (97, 4), (520, 4), (64, 4)]),
+    "v41_flat_uniform_c1_mask": (3, 1, 128, "mask", [(300, 4), (97, 4), (201, 4)]),
+    "v41_flat_variable_c2_mask": (3, 2, 128, "mask", [(300, 4), (97, 2), (520, 4)]),
+}
+
+H, D, TOPK = 16, 128, 32
+CAND_BLOCK, CAND_BLOCKS = 8, 5     # V4.1 candidate block size and blocks per token (small)
+
+
+def _config(num_spec: int, page_tokens: int):
+    from vllm.config import AttentionConfig
+
+    hf = types.SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK)
+    attention = AttentionConfig()
+    attention.sparse_mla_prefill_workspace_factor = 5  # vLLM's default, set at engine start
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=4096,
+                                           architectures=["DeepseekV4ForCausalLM"]),
+        parallel_config=types.SimpleNamespace(
+            tensor_parallel_size=1, decode_context_parallel_size=1,
+            prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
+        attention_config=attention,
+        cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=page_tokens),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=128),
+        speculative_config=(types.SimpleNamespace(num_speculative_tokens=num_spec,
+                                                  enable_adaptive_verification=False)
+                            if num_spec else None),
+        num_speculative_tokens=num_spec)
+
+
+def _common_metadata(reqs, block_table, page_tokens):
+    import torch
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qlens = [q for _, q in reqs]
+    qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32)
+    seq = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
+    slots = []
+    for r, (s, q) in enumerate(reqs):
+        for pos in range(s - q, s):
+            slots.append(int(block_table[r, pos // page_tokens]) * page_tokens + pos % page_tokens)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
+        num_reqs=len(reqs), num_actual_tokens=int(qsl[-1]), max_query_len=max(qlens),
+        max_seq_len=int(seq.max()), block_table_tensor=block_table,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        seq_lens_cpu_upper_bound=seq.clone())
+
+
+def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str | None,
+             reqs) -> dict:
+    import torch
+
+    from deepinfer_sm80.ampere import indexer as I
+    from indexer_cases import (_oracle_candidates, _oracle_masked_topk, dyadic_fp8,
+                               dyadic_weights, k_scales, logits64)
+    from vllm.models.deepseek_v4.nvidia import ampere_indexer as mi
+    from vllm.v1.attention.backends.mla import indexer as mla
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    bs = page_tokens // ratio              # compressed entries per page
+    width = 6                              # block-table width (max_model_len wide)
+    nb = len(reqs) * width + 3
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    raw = torch.zeros(nb, bs * (D + 4), dtype=torch.uint8)
+    raw[:, : bs * D] = codes.view(nb, -1)
+    raw[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    pages = raw.view(nb, bs, D + 4)
+    # Distinct pages per request in a random order; stale ids past each context.
+    block_table = torch.randperm(nb, generator=g)[: len(reqs) * width].view(len(reqs), width)
+    block_table = block_table.to(torch.int32).contiguous()
+
+    spec = MLAAttentionSpec(block_size=page_tokens, num_kv_heads=1, max_tp_shards=1,
+                            head_size=D + 4, dtype=torch.uint8, tokens_per_state=ratio,
+                            alignment=512)
+    cfg = _config(num_spec, page_tokens)
+    with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
+        builder = mla.DeepseekV32IndexerMetadataBuilder(
+            spec, ["l.indexer.k_cache"], cfg, torch.device("cpu"), block_table_width=width)
+    md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
+    dm = md.decode
+    info = {"num_decodes": md.num_decodes, "num_decode_tokens": md.num_decode_tokens,
+            "num_prefills": md.num_prefills, "use_flattening": builder.use_flattening}
+    if dm is not None:
+        info.update(seq_lens_shape=list(dm.seq_lens.shape),
+                    block_table_shape=list(dm.block_table.shape),
+                    decode_is_uniform=bool(dm.decode_is_uniform),
+                    requires_padding=bool(dm.requires_padding))
+
+    T = md.num_decode_tokens
+    q, q64 = dyadic_fp8((T, H, D), g)
+    w64 = dyadic_weights((T, H), g)
+    spare = 3
+    buf = torch.full((T + spare, TOPK), -7, dtype=torch.int32)  # poison
+    op = object.__new__(mi.AmpereSparseAttnIndexer)
+    torch.nn.Module.__init__(op)
+    op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages)
+    op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, TOPK, D
+    op.max_total_seq_len = 1024
+    blocks = None
+    if cand is not None:  # V4.1: the candidate-source indexer writes, later ones mask
+        blocks = (torch.full((T + spare, CAND_BLOCKS), -7, dtype=torch.int32) if cand == "write"
+                  else torch.randint(-1, 40, (T + spare, CAND_BLOCKS), generator=g,
+                                     dtype=torch.int32))
+        op.candidate_blocks, op.candidate_block_size = blocks, CAND_BLOCK
+        op.candidate_write = cand == "write"
+    calls = []
+    real = mi.ampere_indexer.decode_topk
+
+    def spy(q4, *a, **kw):
+        calls.append(list(q4.shape[:2]))
+        return real(q4, *a, **kw)
+
+    with harness._patched([
+            (mi, "get_forward_context",
+             lambda: types.SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})),
+            (mi.ampere_indexer, "decode_topk", spy)]):
+        op._forward(torch.zeros(T + spare, 8), q.view(torch.float8_e4m3fn), None, w64.float())
+
+    ok = bool((buf[T:] == -1).all())
+    bad = []
+    t = 0
+    for r, (s, qlen) in enumerate(reqs):
+        kv = torch.cat([vals[int(p)] for p in block_table[r]])
+        ks = torch.cat([sc[int(p)] for p in block_table[r]])
+        for j in range(qlen):
+            n = (s - qlen + 1 + j) // ratio
+            L = logits64(q64[t:t + 1], w64[t:t + 1], kv, ks)
+            valid = (torch.arange(kv.shape[0]) < n).unsqueeze(0)
+            got = {x for x in buf[t].tolist() if x >= 0}
+            if cand == "write":
+                good = blocks[t].tolist() == _oracle_candidates(L[0], n, CAND_BLOCK, CAND_BLOCKS)
+            elif cand == "mask":
+                good = got == _oracle_masked_topk(L[0], n, blocks[t].tolist(), CAND_BLOCK, TOPK)
+            else:
+                good = got == I.reference_topk_sets(L, valid, TOPK)[0]
+            if not good or (buf[t] == -7).any():
+                bad.append(t)
+            t += 1
+    ok &= not bad and t == T
+    if cand == "write":
+        ok &= bool((blocks[T:] == -7).all())  # candidate rows past the batch untouched
+    return {"ok": bool(ok), "bad_rows": bad[:8], "rows": t, "calls": calls, "builder": info}
+
+
+def _load_overlay(modname: str):
+    """Import ``overlay/<modname as path>.py`` under ``modname``."""
+    import importlib.util
+
+    path = ROOT / "overlay" / (modname.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True)
+    ap.add_argument("--capability", default="8.0")
+    ap.add_argument("--case", action="append", default=[])
+    args = ap.parse_args(argv)
+    triton_interp.patch_index()
+    harness._boot(args.tree.resolve(), None)
+    # The working copy's kernels package and indexer adapter, not the tree's copies (the
+    # tree supplies vLLM; `make apply` need not be rerun after an overlay edit).
+    sys.path.insert(0, str(ROOT / "overlay"))
+    stale = [n for n in sys.modules if n == "deepinfer_sm80" or n.startswith("deepinfer_sm80.")]
+    for name in stale:
+        del sys.modules[name]
+    _load_overlay("vllm.models.deepseek_v4.nvidia.ampere_indexer")
+    harness._CAPABILITY[:] = [int(x) for x in args.capability.split(".")]
+    harness._reset_capability_state()
+    res = {}
+    for name in args.case or list(CASES):
+        try:
+            res[name] = run_case(name, *CASES[name])
+        except Exception as exc:  # reported per case, with where it failed
+            import traceback
+
+            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "where": traceback.format_exc().splitlines()[-6:]}
+    print("RESULT " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
