@@ -98,7 +98,7 @@ def unfused_call(s, B, NN, H):
         bt32 = s["bt"].to(torch.int32)
         rows_kw = {"rows_per_req": NN} if 2 <= NN <= 8 else {}
         total = s["bt"].shape[1] * BS
-        tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
+        tile = max(BS, (I.decode_tile_budget(rows) // max(1, rows * 8)) // BS * BS)
         buf = torch.empty((rows, min(tile, total)), dtype=torch.int64, device="cuda")
         best = None
         for t0 in range(0, total, tile):

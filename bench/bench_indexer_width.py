@@ -42,7 +42,8 @@ SHAPES = [(1, 1, 2048, 64, 262144), (1, 1, 16384, 64, 262144), (1, 1, 262144, 64
           (1, 6, 65536, 64, 262144), (1, 6, 2048, 64, 262144),
           (8, 1, 8192, 64, 262144), (64, 1, 2048, 64, 262144), (1, 1, 2048, 64, 32768),
           (128, 1, 4096, 32, 32768), (256, 1, 2048, 64, 262144), (64, 6, 2048, 64, 262144),
-          (64, 1, 65536, 64, 262144), (16, 6, 65536, 64, 262144), (16, 6, 8192, 32, 32768)]
+          (64, 1, 65536, 64, 262144), (16, 6, 65536, 64, 262144), (16, 6, 8192, 32, 32768),
+          (128, 1, 65536, 64, 262144), (256, 1, 16384, 64, 262144)]
 QUICK = [(1, 1, 2048, 64, 262144), (64, 1, 2048, 64, 262144)]
 
 
@@ -58,7 +59,7 @@ def wide_sets(B, NN, ctx, H, width, g, key_buffers=1):
     rotate past twice the L2: each holds the requests' pages and ``key_buffers`` int64 key tiles
     of the decode (one column tile of its tile budget)."""
     rows = B * NN
-    tile = max(BS, (I.DEFAULT_TILE_BUDGET // max(1, rows * 8)) // BS * BS)
+    tile = max(BS, (I.decode_tile_budget(rows) // max(1, rows * 8)) // BS * BS)
     per_set = B * -(-ctx // BS) * BS * (128 + 4) + rows * min(tile, width) * 8 * key_buffers
     return [widen(make_set(B, NN, ctx, H, g), B, width)
             for _ in range(common.rotation_count(per_set, max_sets=6))], tile
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
                     help="comma-separated indices into SHAPES (default all)")
     ap.add_argument("--budgets", default="", help="comma-separated key-buffer sizes in MB: more "
                     "'wide, window' variants with that tile budget (default budget: "
-                    f"{I.DEFAULT_TILE_BUDGET >> 20} MB of int64 keys)")
+                    f"{I.DEFAULT_TILE_BUDGET >> 20} MB of int64 keys up to 64 rows, 512 KB per row "
+                    f"up to {I.DECODE_TILE_BUDGET_MAX >> 20} MB: decode_tile_budget)")
     ap.add_argument("--label", default="", help="prefix of the impl names (e.g. the build)")
     args = ap.parse_args(argv)
     # $DEEPINFER_INDEXER_WINDOW=0 from the caller: the build has no window (a base build in a

@@ -160,6 +160,18 @@ def test_decode_rows_per_req():
     assert I.decode_rows_per_req(0, 64, 8192, 132) == 0
 
 
+def test_decode_tile_budget():
+    """The fused decode's key buffer: 32 MB up to 64 rows (tiles of 65,536+ columns), then
+    65,536 columns per row up to 128 MB, so a max_model_len-wide table (262,144 columns at 1M
+    tokens) is cut into at most 4 tiles up to 256 rows."""
+    mb = 1 << 20
+    assert I.decode_tile_budget(1) == I.decode_tile_budget(64) == 32 * mb
+    assert I.decode_tile_budget(96) == 48 * mb and I.decode_tile_budget(256) == 128 * mb
+    assert I.decode_tile_budget(384) == I.decode_tile_budget(1 << 14) == 128 * mb
+    for rows in (1, 64, 96, 256):
+        assert I.decode_tile_budget(rows) // (rows * 8) >= 1 << 16
+
+
 def test_decode_topk_empty_block_table_selects_nothing():
     out = torch.full((4, 8), 5, dtype=torch.int32)
     q = torch.zeros(2, 2, 4, 128, dtype=torch.uint8)

@@ -36,8 +36,22 @@ import torch
 INT64_MIN = -(2**63)
 _LOW_MASK = 0xFFFFFFFF
 
-# Elements (rows x heads x columns) of the per-tile fp32 score buffer.
+# Elements (rows x heads x columns) of the per-tile fp32 score buffer; for the fused scorers,
+# bytes of the per-tile int64 key buffer [rows, tile].
 DEFAULT_TILE_BUDGET = 1 << 25
+# decode_topk's key buffer for the fused scorers, by default: wide enough for DECODE_TILE_MIN_COLS
+# columns per tile, within [DEFAULT_TILE_BUDGET, DECODE_TILE_BUDGET_MAX] bytes. With a block
+# table as wide as max_model_len every column tile costs a scorer launch and a merge even where
+# it lies past every row's context (~4 us on an H200); at 256 rows and 1M tokens a 32 MB buffer
+# made 16 tiles of 16,384 columns (docs/indexer-scorer.md, "Large batches").
+DECODE_TILE_MIN_COLS = 1 << 16
+DECODE_TILE_BUDGET_MAX = 1 << 27
+
+
+def decode_tile_budget(rows: int) -> int:
+    """decode_topk's default key-buffer bytes for ``rows`` rows (fused scorers): unchanged
+    (32 MB) up to 64 rows, then 512 KB per row up to 128 MB (256 rows)."""
+    return min(DECODE_TILE_BUDGET_MAX, max(DEFAULT_TILE_BUDGET, rows * DECODE_TILE_MIN_COLS * 8))
 
 
 def order_keys(logits: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -525,12 +539,15 @@ def decode_topk(
     out: torch.Tensor,
     *,
     pages_per_tile: int | None = None,
-    tile_budget: int = DEFAULT_TILE_BUDGET,
+    tile_budget: int | None = None,
     scorer: str = "auto",
     candidates: CandidateStep | None = None,
 ) -> torch.Tensor:
     """Paged decode scoring + top-k into ``out`` [B * next_n, >= topk] int32.
     ``candidates``: DeepSeek-V4.1's two-level selection (rows aligned with ``out``).
+    ``tile_budget``: bytes of the column tile's key buffer (fused scorers; default
+    :func:`decode_tile_budget`) or elements of its score buffer (torch form; default
+    ``DEFAULT_TILE_BUDGET``).
 
     ``q_fp8`` [B, next_n, H, D]; ``weights`` [B * next_n, H] fp32;
     ``kv_cache`` indexer pages; ``context_lens`` [B] or [B, next_n] (number of
@@ -568,8 +585,9 @@ def decode_topk(
         lo = torch.zeros(rows, dtype=torch.int32, device=dev)
         bt32 = block_table.to(torch.int32)
         total = maxb * block_size
+        budget = decode_tile_budget(rows) if tile_budget is None else tile_budget
         tile = pages_per_tile * block_size if pages_per_tile else max(
-            block_size, (tile_budget // max(1, rows * 8)) // block_size * block_size)
+            block_size, (budget // max(1, rows * 8)) // block_size * block_size)
         # the rows of a request (MTP / speculative tokens) share each decoded K tile; one row
         # per request takes the rows kernel too where its grid covers the SMs
         rpr = decode_rows_per_req(NN, rows, min(tile, total), _sm_count(_cuda_index(dev))) if use_cuda else 0
@@ -610,7 +628,8 @@ def decode_topk(
     q = dequant_fp8(q_fp8)  # [B, NN, H, D]
     w = weights[:rows].to(torch.float32).view(B, NN, H)
     if pages_per_tile is None:
-        pages_per_tile = max(1, _tile_cols(rows, H, tile_budget, lo=block_size) // block_size)
+        budget = DEFAULT_TILE_BUDGET if tile_budget is None else tile_budget
+        pages_per_tile = max(1, _tile_cols(rows, H, budget, lo=block_size) // block_size)
     bt = block_table.to(torch.int64).clamp(min=0)
     for p0 in range(0, maxb, pages_per_tile):
         p1 = min(maxb, p0 + pages_per_tile)
