@@ -1,0 +1,498 @@
+"""vLLM's own attention metadata, fed to the Ampere DeepSeek-V4 attention adapter (CPU).
+
+Run in a subprocess by tests/test_vllm_attention_sm80.py:
+``python tests/vllm_attention_check.py --tree T [--capability 8.0] [--overlay DIR]`` with
+TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="". The tree is imported under a CUDA platform
+mocked to the capability (tests/vllm_cpu_harness.py). For every step of every case in
+:data:`CASES` it
+
+1. lays a batch out as vLLM's GPU model runner (V2) does: requests in order (decodes
+   first), per-request query lengths, CUDA-graph padding requests (query length 0,
+   seq_len 0) and padded tokens (slot -1, stale positions) at the end, one block table
+   per KV-cache group (SWA pages of 64 tokens, compressed pages of 256 tokens), each as
+   wide as max_model_len with stale page ids past a request's pages;
+2. builds the metadata with vLLM's own builders, on the CPU, their Triton kernels run by
+   the interpreter: ``DeepseekSparseSWAAmpereMetadataBuilder`` (the overlay's subclass of
+   ``DeepseekSparseSWAMetadataBuilder``, what ``DeepseekSparseSWAAmpereBackend`` returns)
+   for the SWA group and, for a C4A / C128A layer, the builder class that
+   ``DeepseekV4AmpereSparseMLABackend.get_builder_cls()`` returns for the compressed group
+   (C128A: ``c128a_global_decode_topk_indices`` / ``c128a_decode_topk_lens`` /
+   ``c128a_prefill_topk_indices``);
+3. runs ``DeepseekV4AmpereSparseAttention.forward_mqa`` of the working copy's overlay on
+   that metadata (portable ops on the CPU; prefill scratch from vLLM's own workspace
+   manager) into a NaN-poisoned output;
+4. compares every real token with the float64 oracle (tests/layer_cases.oracle_token:
+   the causal window of the token plus the compressed entries it selects, with the
+   attention sink; DSpark's non-causal block: :func:`oracle_noncausal`).
+
+C4A top-k rows (the indexer's output in ``topk_indices_buffer``) are drawn here: random
+distinct request-local indices below ``(pos + 1) // 4``, -1 after, -1 for padded tokens.
+
+Prints one line ``RESULT {case: {"ok", "max_rel_err", "steps": [...]}}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import triton_interp  # noqa: E402
+import vllm_cpu_harness as harness  # noqa: E402
+
+TOL = 2e-2                 # bf16-level relative error vs the float64 oracle
+HEADS = 8                  # query heads (the adapter takes q already padded)
+SWA_BS = 64                # SWA cache page, tokens (layer_cases.SWA_BS)
+C_PAGE = 256               # compressed-group page, tokens (V4's sparse-MLA kernel block)
+SWA_PREFIX = "model.layers.0.attn.swa_cache"
+ATTN_PREFIX = "model.layers.0.attn"
+MAX_BATCHED = 256          # scheduler max_num_batched_tokens
+
+#: name -> case. ``ratio``: 1 (SWA only), 4 (C4A), 128 (C128A); ``spec``: speculative
+#: tokens (decode_threshold = 1 + spec); ``dspark``: DSpark draft step (causal=False);
+#: ``max_model_len``; ``steps``: per step, [(seq_len, query_len)] per request, seq_len
+#: counting this step's query; ``(0, 0)`` is a CUDA-graph padding request; ``pad``:
+#: padded tokens past the real ones (FULL-graph padding); ``chunk``: the layer's
+#: PREFILL_CHUNK_SIZE; ``sabotage``: a negative control (see :func:`_sabotage`).
+CASES: dict[str, dict] = {
+    # (a) C128A decode, two steps: the active top-k width is 128 columns, then 256 (a
+    # 16.9k-token context has 132 compressed entries), sliced out of 512-wide buffers.
+    "c128_decode_two_widths": dict(
+        ratio=128, spec=0, max_model_len=65536,
+        steps=[([(700, 1), (300, 1), (1500, 1)], 0),
+               ([(16900, 1), (301, 1), (1501, 1)], 0)]),
+    # (a)+(b) C128A with MTP next_n 2 and a padding request + padded tokens.
+    "c128_decode_next2_padded": dict(
+        ratio=128, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (129, 2), (640, 2), (0, 0)], 2)]),
+    # (b) SWA-only next_n 2 / next_n 6 (DSpark/MTP with 5 draft tokens), padded.
+    "swa_decode_next2_padded": dict(
+        ratio=1, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (35, 2), (640, 2), (0, 0)], 2)]),
+    "swa_decode_next6_padded": dict(
+        ratio=1, spec=5, max_model_len=4096,
+        steps=[([(1000, 6), (411, 6), (0, 0), (0, 0)], 12)]),
+    # A short extend (3 < 6 tokens) counted as a decode: non-uniform decode rows.
+    "swa_decode_next6_variable": dict(
+        ratio=1, spec=5, max_model_len=4096,
+        steps=[([(1000, 6), (203, 3), (777, 6)], 0)]),
+    # (b) C4A next_n 6 and next_n 2, padded; top-k a strict subset for the long request.
+    "c4_decode_next6_padded": dict(
+        ratio=4, spec=5, max_model_len=4096,
+        steps=[([(2600, 6), (411, 6), (0, 0)], 6)]),
+    "c4_decode_next2": dict(
+        ratio=4, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (35, 2), (640, 2)], 0)]),
+    "c128_decode_next6_variable": dict(
+        ratio=128, spec=5, max_model_len=4096,
+        steps=[([(1000, 6), (203, 3), (777, 6)], 0)]),
+    # (c) DSpark draft block (SWA-only draft layers): non-causal indices, 5 query tokens.
+    "dspark_noncausal_swa": dict(
+        ratio=1, spec=5, dspark=True, max_model_len=4096,
+        steps=[([(1000, 5), (70, 5), (300, 5), (0, 0)], 5)]),
+    # (d) prefill only, and mixed (next_n-2 decodes first, then a chunked prefill with
+    # context and a fresh prefill), for each layer type.
+    "swa_prefill": dict(
+        ratio=1, spec=0, max_model_len=4096, steps=[([(700, 40), (37, 37)], 0)]),
+    "c4_prefill": dict(
+        ratio=4, spec=0, max_model_len=4096, steps=[([(2300, 24), (37, 37)], 0)]),
+    "c128_prefill": dict(
+        ratio=128, spec=0, max_model_len=4096, steps=[([(700, 40), (300, 12)], 0)]),
+    "swa_mixed": dict(
+        ratio=1, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (300, 2), (700, 40), (37, 37)], 0)]),
+    "c4_mixed": dict(
+        ratio=4, spec=1, max_model_len=4096, chunk=1,
+        steps=[([(900, 2), (2300, 2), (700, 24), (37, 37)], 0)]),
+    "c128_mixed": dict(
+        ratio=128, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (300, 2), (700, 40), (260, 12)], 0)]),
+    # Negative controls: one metadata value off; the check must report a failure.
+    "control_c128_len_short": dict(
+        ratio=128, spec=0, max_model_len=4096, sabotage="c128_len",
+        steps=[([(700, 1), (300, 1)], 0)]),
+    "control_c4_token_to_req": dict(
+        ratio=4, spec=1, max_model_len=4096, sabotage="token_to_req",
+        steps=[([(900, 2), (640, 2)], 0)]),
+    "control_swa_len_short": dict(
+        ratio=1, spec=1, max_model_len=4096, sabotage="swa_len",
+        steps=[([(900, 2), (640, 2)], 0)]),
+    "control_prefill_gather_len": dict(
+        ratio=1, spec=0, max_model_len=4096, sabotage="gather_len",
+        steps=[([(700, 40), (37, 37)], 0)]),
+}
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _config(case: dict):
+    """A stand-in ``VllmConfig`` with the fields the two builders read: DeepSeek-V4's
+    window 128 and index top-k 512, one layer of each kind (compress ratios 4, 128, 0),
+    the speculative config (MTP, or DSpark with ``use_dspark()``), model runner V2."""
+    from vllm.config import AttentionConfig
+
+    hf = types.SimpleNamespace(model_type="deepseek_v4", index_topk=512, sliding_window=128,
+                               compress_ratios=[4, 128, 0])
+    spec = case["spec"]
+    method = "dspark" if case.get("dspark") else "mtp"
+    speculative = None
+    if spec:
+        speculative = types.SimpleNamespace(
+            num_speculative_tokens=spec, parallel_drafting=False, method=method,
+            enable_adaptive_verification=False, use_dspark=lambda: method == "dspark")
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
+                                           max_model_len=case["max_model_len"]),
+        parallel_config=types.SimpleNamespace(
+            tensor_parallel_size=1, decode_context_parallel_size=1,
+            prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
+        attention_config=AttentionConfig(),
+        cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla", block_size=SWA_BS),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=16,
+                                               max_num_batched_tokens=MAX_BATCHED),
+        speculative_config=speculative, use_v2_model_runner=True)
+
+
+def _builders(mod, cfg, ratio: int):
+    """(SWA builder, compressed-group builder or None), of the classes vLLM picks for the
+    Ampere layer's backends, constructed as the model runner constructs them."""
+    import torch
+
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
+
+    swa_spec = SlidingWindowMLASpec(
+        block_size=SWA_BS, num_kv_heads=1, max_tp_shards=1, head_size=512,
+        dtype=torch.uint8, sliding_window=128, cache_dtype_str="fp8_ds_mla",
+        alignment=576, model_version="deepseek_v4")
+    cls = mod.DeepseekV4AmpereSparseAttention.swa_backend_cls.get_builder_cls()
+    swa = cls(swa_spec, [SWA_PREFIX], cfg, torch.device("cpu"))
+    if ratio == 1:
+        return swa, None
+    c_spec = MLAAttentionSpec(
+        block_size=C_PAGE, num_kv_heads=1, max_tp_shards=1, head_size=512,
+        dtype=torch.uint8, tokens_per_state=ratio, cache_dtype_str="fp8_ds_mla",
+        alignment=576, model_version="deepseek_v4")
+    mcls = mod.DeepseekV4AmpereSparseAttention.backend_cls.get_builder_cls()
+    return swa, mcls(c_spec, [ATTN_PREFIX], cfg, torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- batch
+
+
+def _wide_table(compact, used: list[int], width: int, npages: int, g):
+    """``compact`` (layer_cases' block table) widened to ``width`` columns (max_model_len
+    wide, as vLLM's are), every column past a request's ``used`` pages holding a stale
+    page id: an adapter that reads past a request's context reads other data."""
+    import torch
+
+    rows = len(used)
+    bt = torch.randint(0, npages, (rows, width), generator=g, dtype=torch.int32)
+    for r, n in enumerate(used):
+        bt[r, :n] = compact[r, :n]
+    return bt
+
+
+def _batch(w, reqs, pad: int, case: dict, g):
+    """The model runner's tensors for one step: per group block tables and slot
+    mappings, query_start_loc (padding requests end at the real token count), seq_lens,
+    positions (padded tokens: stale positions)."""
+    import torch
+
+    real = [(r, s, q) for r, (s, q) in enumerate(reqs) if q > 0]
+    nreq = len(reqs)
+    qlens = [q for _, q in reqs]
+    qsl = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    toks = [(r, p) for r, s, q in real for p in range(s - q, s)]
+    ntok = len(toks) + pad
+    mml = case["max_model_len"]
+    swa_used = [-(-s // SWA_BS) if q else 0 for s, q in reqs]
+    bt_swa = _wide_table(_pad_rows(w.swa_bt, nreq), swa_used, mml // SWA_BS,
+                         w.swa_cache.shape[0], g)
+    b = types.SimpleNamespace(reqs=reqs, toks=toks, ntok=ntok, qsl=qsl, bt_swa=bt_swa)
+    b.seq = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
+    b.positions = torch.tensor([p for _, p in toks] + [mml // 3] * pad, dtype=torch.int64)
+    b.slots_swa = _slots(toks, pad, bt_swa, SWA_BS)
+    if w.compressed:
+        cbs = w.cbs
+        c_used = [-(-(s // w.ratio) // cbs) if q else 0 for s, q in reqs]
+        b.bt_c = _wide_table(_pad_rows(w.c_bt, nreq), c_used, mml // C_PAGE,
+                             w.c_cache.shape[0], g)
+        b.slots_c = _slots(toks, pad, b.bt_c, C_PAGE)
+    return b
+
+
+def _pad_rows(bt, nreq: int):
+    """The world's table with rows for padding requests (their ids are stale anyway)."""
+    import torch
+
+    if bt.shape[0] >= nreq:
+        return bt[:nreq]
+    return torch.cat([bt, bt[:1].expand(nreq - bt.shape[0], -1)])
+
+
+def _slots(toks, pad: int, bt, page: int):
+    """Token-level slot mapping of one KV-cache group (``block * page + offset``), -1
+    for padded tokens (vLLM's PAD_SLOT_ID)."""
+    import torch
+
+    s = [int(bt[r, p // page]) * page + p % page for r, p in toks] + [-1] * pad
+    return torch.tensor(s, dtype=torch.int64)
+
+
+def _common(b, bt, slots, causal: bool):
+    """``CommonAttentionMetadata`` of one KV-cache group, as ``build_attn_metadata`` makes
+    it in FULL-graph mode (padded request and token counts)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qlens = [q for _, q in b.reqs]
+    return CommonAttentionMetadata(
+        query_start_loc=b.qsl, query_start_loc_cpu=b.qsl.clone(), seq_lens=b.seq,
+        num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
+        max_seq_len=int(b.seq.max()), block_table_tensor=bt, slot_mapping=slots,
+        causal=causal, positions=b.positions, seq_lens_cpu_upper_bound=b.seq.clone())
+
+
+# --------------------------------------------------------------------------- layer
+
+
+def _layer(mod, w, ratio: int, topk_buf, chunk: int):
+    """The overlay's ``DeepseekV4AmpereSparseAttention`` with only what ``forward_mqa``
+    reads set (its constructor builds linear layers and caches a CPU test cannot)."""
+    import torch
+
+    from deepinfer_sm80.ampere import layer as L
+
+    layer = object.__new__(mod.DeepseekV4AmpereSparseAttention)
+    torch.nn.Module.__init__(layer)
+    layer.prefix, layer.compress_ratio = ATTN_PREFIX, ratio
+    layer.swa_cache_layer = types.SimpleNamespace(prefix=SWA_PREFIX, kv_cache=w.swa_cache)
+    layer.kv_cache = w.c_cache if w.compressed else torch.tensor([])
+    layer.topk_indices_buffer = topk_buf
+    layer.window_size, layer.max_image_tokens, layer.max_model_len = 128, 0, 4096
+    layer.scale, layer.attn_sink = w.scale, w.attn_sink
+    layer.PREFILL_CHUNK_SIZE, layer.max_num_batched_tokens = chunk, MAX_BATCHED
+    layer._ampere_ops = L.resolve_ops("cpu")
+    return layer
+
+
+def _topk_buffer(w, b, ratio: int, g):
+    """The indexer's output buffer [max_num_batched_tokens, 512]: C4A rows of random
+    distinct request-local indices below (pos + 1) // 4 (-1 after), -1 for padded
+    tokens, a poison value past the batch; all -1 for other layers (unused)."""
+    import torch
+
+    import layer_cases as C
+
+    buf = torch.full((MAX_BATCHED, C.TOPK), -1, dtype=torch.int32)
+    if ratio == 4:
+        buf[: len(b.toks)] = C.v41_topk(w, [p for _, p in b.toks], g)
+        buf[b.ntok:] = 1 << 20   # never read: an out-of-range page if it were
+    return buf
+
+
+# --------------------------------------------------------------------------- oracle
+
+
+def oracle_noncausal(w, r: int, lo: int, hi: int, q):
+    """float64 output [H, 512] of a query attending to positions [lo, hi) of request r's
+    SWA cache (DSpark's non-causal block: window of the context plus the whole block),
+    with the sink; the same formula as layer_cases.oracle_token."""
+    import torch
+
+    import layer_cases as C
+
+    p = torch.arange(lo, hi)
+    slots = w.swa_bt[r, p // C.SWA_BS].long() * C.SWA_BS + p % C.SWA_BS
+    rows = C.read_fp8_ds_mla_rows(w.swa_cache, slots, torch.float64)
+    s = (q.double() @ rows.t()) * w.scale
+    m = s.amax(1, keepdim=True)
+    e = torch.exp(s - m)
+    den = e.sum(1) + torch.exp(w.attn_sink.double() - m.squeeze(1))
+    return (e @ rows) / den.unsqueeze(1)
+
+
+def _reference(w, b, t: int, q, topk, dspark: bool):
+    """The oracle for batch token ``t``."""
+    import layer_cases as C
+
+    r, p = b.toks[t]
+    s, qlen = b.reqs[r]
+    if dspark:
+        return oracle_noncausal(w, r, max(s - qlen - 128, 0), s, q)
+    if w.ratio == 4:
+        comp = [int(j) for j in topk[t].tolist() if j >= 0]
+    elif w.ratio == 128:
+        comp = list(range((p + 1) // 128))
+    else:
+        comp = []
+    return C.oracle_token(w, r, p, q, comp)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _sabotage(kind: str | None, swa_md, mla_md) -> None:
+    """Negative controls: change one value of the builders' metadata (one token's length
+    or request) so that the check has to report a failure."""
+    if kind == "c128_len":
+        mla_md.c128a_decode_topk_lens[0] -= 1
+    elif kind == "token_to_req":
+        swa_md.token_to_req_indices[0] = 1
+    elif kind == "swa_len":
+        swa_md.decode_swa_lens[1] -= 1
+    elif kind == "gather_len":
+        swa_md.prefill_gather_lens[0] -= 1
+    elif kind is not None:
+        raise ValueError(kind)
+
+
+def _describe(swa_md, mla_md) -> dict:
+    """The layouts the builders produced (shapes, strides, splits), for the test's
+    assertions on what vLLM hands the adapter."""
+    info = {"num_decodes": swa_md.num_decodes, "num_prefills": swa_md.num_prefills,
+            "num_decode_tokens": swa_md.num_decode_tokens,
+            "num_prefill_tokens": swa_md.num_prefill_tokens,
+            "swa_indices_shape": list(swa_md.decode_swa_indices.shape),
+            "swa_lens_shape": list(swa_md.decode_swa_lens.shape),
+            "decode_swa_width": swa_md.decode_swa_width}
+    if swa_md.num_prefills:
+        info["chunk_plan"] = None  # filled by the caller (needs the layer's chunk size)
+    if mla_md is not None and mla_md.c128a_global_decode_topk_indices is not None:
+        gi = mla_md.c128a_global_decode_topk_indices
+        info.update(c128_decode_shape=list(gi.shape), c128_decode_stride=list(gi.stride()),
+                    c128_lens=mla_md.c128a_decode_topk_lens.tolist())
+    if mla_md is not None and mla_md.c128a_prefill_topk_indices is not None:
+        info["c128_prefill_shape"] = list(mla_md.c128a_prefill_topk_indices.shape)
+    return info
+
+
+def run_step(mod, w, case: dict, reqs, pad: int, g) -> dict:
+    """One step: build the metadata with vLLM's builders, run ``forward_mqa``, compare."""
+    import torch
+
+    import layer_cases as C
+
+    ratio = case["ratio"]
+    cfg = _config(case)
+    swa_b, mla_b = _builders(mod, cfg, ratio)
+    b = _batch(w, reqs, pad, case, g)
+    causal = not case.get("dspark")
+    swa_md = swa_b.build(0, _common(b, b.bt_swa, b.slots_swa, causal))
+    mla_md = None if mla_b is None else mla_b.build(0, _common(b, b.bt_c, b.slots_c, causal))
+    _sabotage(case.get("sabotage"), swa_md, mla_md)
+    topk = _topk_buffer(w, b, ratio, g)
+    layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
+    info = _describe(swa_md, mla_md)
+    if swa_md.num_prefills:
+        info["chunk_plan"] = swa_md.get_prefill_chunk_plan(
+            compress_ratio=ratio, prefill_chunk_size=layer.PREFILL_CHUNK_SIZE)
+    q, _, _ = C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)
+    out = torch.full_like(q, float("nan"))
+    md = {SWA_PREFIX: swa_md}
+    if mla_md is not None:
+        md[ATTN_PREFIX] = mla_md
+    with harness._patched([(mod, "get_forward_context",
+                            lambda: types.SimpleNamespace(attn_metadata=md))]):
+        layer.forward_mqa(q, None, None, out)
+    errs = [C.rel_err(out[t], _reference(w, b, t, q[t], topk, bool(case.get("dspark"))))
+            for t in range(len(b.toks))]
+    bad = [t for t, e in enumerate(errs) if not e <= TOL]   # NaN (unwritten) fails too
+    info.update(tokens=len(b.toks), padded_tokens=pad, max_rel_err=max(errs),
+                bad_tokens=bad[:8], padded_rows_finite=bool(out[len(b.toks):].isfinite().all()))
+    return info
+
+
+def _world(case: dict):
+    """One layer world holding, per request, every position below its longest seq_len
+    over the steps (a shorter step leaves later positions in the cache: reading them
+    is an error the oracle sees)."""
+    import layer_cases as C
+
+    steps = case["steps"]
+    n = max(len(reqs) for reqs, _ in steps)
+    longest = [max([reqs[r][0] for reqs, _ in steps if r < len(reqs)] + [1]) or 1
+               for r in range(n)]
+    return C.build_world(ratio=case["ratio"], seq_lens=longest, heads=HEADS, device="cpu",
+                         seed=len(steps) * 7 + case["ratio"])
+
+
+def run_case(mod, name: str, case: dict) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    w = _world(case)
+    steps = [run_step(mod, w, case, reqs, pad, g) for reqs, pad in case["steps"]]
+    worst = max(s["max_rel_err"] for s in steps)
+    ok = all(not s["bad_tokens"] for s in steps) and worst <= TOL
+    return {"ok": bool(ok), "max_rel_err": worst, "steps": steps}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _load_overlay(overlay: Path, modname: str):
+    """Import ``<overlay>/<modname as path>.py`` under ``modname``."""
+    import importlib.util
+
+    path = overlay / (modname.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _boot(tree: Path, overlay: Path, capability: str):
+    """Import the tree under the mocked platform, then the overlay's kernels package and
+    V4 Ampere modules (the working copy's, or ``--overlay``'s) over the tree's copies;
+    start vLLM's workspace manager on the CPU."""
+    import torch
+
+    triton_interp.patch_index()
+    harness._boot(tree.resolve(), None)
+    sys.path.insert(0, str(overlay))
+    for name in [n for n in sys.modules if n.split(".")[0] == "deepinfer_sm80"]:
+        del sys.modules[name]
+    for rel in ("ampere_ops", "ampere_indexer", "ampere_sparse"):
+        mod = _load_overlay(overlay, f"vllm.models.deepseek_v4.nvidia.{rel}")
+    harness._CAPABILITY[:] = [int(x) for x in capability.split(".")]
+    harness._reset_capability_state()
+    from vllm.v1.worker import workspace
+
+    workspace.init_workspace_manager(torch.device("cpu"))
+    # Growing the workspace calls torch.accelerator.empty_cache(), which raises without
+    # an accelerator; releasing cached device memory has no CPU meaning.
+    torch.accelerator.empty_cache = lambda: None
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True)
+    ap.add_argument("--capability", default="8.0")
+    ap.add_argument("--overlay", type=Path, default=ROOT / "overlay",
+                    help="overlay root to test (default: the working copy's)")
+    ap.add_argument("--case", action="append", default=[])
+    args = ap.parse_args(argv)
+    mod = _boot(args.tree, args.overlay.resolve(), args.capability)
+    res = {}
+    for name in args.case or list(CASES):
+        try:
+            res[name] = run_case(mod, name, CASES[name])
+        except Exception as exc:  # reported per case, with where it failed
+            import traceback
+
+            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "where": traceback.format_exc().splitlines()[-8:]}
+    print("RESULT " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
