@@ -218,7 +218,8 @@ def decode_metadata(w, next_n: int, pad_rows: int = 2, seq_lens: list[int] | Non
         token_to_req=torch.tensor(tok_req + [0] * pad_rows, dtype=torch.int32, device=dev),
         positions=torch.tensor(tok_pos + [0] * pad_rows, dtype=torch.int64, device=dev),
         is_valid=torch.tensor([True] * T + [False] * pad_rows, device=dev),
-        swa_indices=swa_idx.to(dev), swa_lens=swa_len.to(dev),
+        # vLLM's SWA decode indices are [tokens, 1, window] (tests/test_vllm_attention_sm80.py)
+        swa_indices=swa_idx.view(T + pad_rows, 1, WINDOW).to(dev), swa_lens=swa_len.to(dev),
     )
     if w.ratio == 4:
         md.ctx = torch.tensor([[(L - next_n + i + 1) // 4 for i in range(next_n)]
@@ -233,7 +234,14 @@ def decode_metadata(w, next_n: int, pad_rows: int = 2, seq_lens: list[int] | Non
             c = torch.arange(n)
             gi[t, :n] = (cbt[r, c // w.cbs].long() * w.cbs + c % w.cbs).int()
             gl[t] = n
-        md.c128_global, md.c128_lens = gi.to(dev), gl.to(dev)
+        # As vLLM passes them (sparse_mla.py's build): a [tokens, 1, width] column slice of a
+        # buffer as wide as max_model_len // 128, here 256 columns wider, holding stale slot
+        # ids past the width (a read past it reads another entry)
+        g = torch.Generator().manual_seed(T * 131 + width)
+        wide = torch.randint(0, w.c_cache.shape[0] * w.cbs, (T + pad_rows, width + 256),
+                             generator=g, dtype=torch.int32)
+        wide[:, :width] = gi
+        md.c128_global, md.c128_lens = wide.to(dev)[:, None, :width], gl.to(dev)
     return md
 
 

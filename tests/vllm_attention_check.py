@@ -26,7 +26,8 @@ mocked to the capability (tests/vllm_cpu_harness.py). For every step of every ca
    attention sink; DSpark's non-causal block: :func:`oracle_noncausal`).
 
 C4A top-k rows (the indexer's output in ``topk_indices_buffer``) are drawn here: random
-distinct request-local indices below ``(pos + 1) // 4``, -1 after, -1 for padded tokens.
+distinct request-local indices below ``(pos + 1) // 4``, -1 after; stale values for
+padded tokens (``is_valid_token`` must mask them).
 
 Prints one line ``RESULT {case: {"ok", "max_rel_err", "steps": [...]}}``."""
 
@@ -106,9 +107,11 @@ CASES: dict[str, dict] = {
     "swa_mixed": dict(
         ratio=1, spec=1, max_model_len=4096,
         steps=[([(900, 2), (300, 2), (700, 40), (37, 37)], 0)]),
+    # PREFILL_CHUNK_SIZE 1: vLLM's area-bounded plan splits these prefills into chunks
+    # (the second starts at a non-zero query offset).
     "c4_mixed": dict(
         ratio=4, spec=1, max_model_len=4096, chunk=1,
-        steps=[([(900, 2), (2300, 2), (700, 24), (37, 37)], 0)]),
+        steps=[([(900, 2), (2300, 2), (2300, 24), (2200, 30), (37, 37)], 0)]),
     "c128_mixed": dict(
         ratio=128, spec=1, max_model_len=4096,
         steps=[([(900, 2), (300, 2), (700, 40), (260, 12)], 0)]),
@@ -283,8 +286,9 @@ def _layer(mod, w, ratio: int, topk_buf, chunk: int):
 
 def _topk_buffer(w, b, ratio: int, g):
     """The indexer's output buffer [max_num_batched_tokens, 512]: C4A rows of random
-    distinct request-local indices below (pos + 1) // 4 (-1 after), -1 for padded
-    tokens, a poison value past the batch; all -1 for other layers (unused)."""
+    distinct request-local indices below (pos + 1) // 4 (-1 after); stale values for
+    padded tokens (masked by is_valid_token) and past the batch (never read: an
+    out-of-range page if they were); all -1 for other layers (unused)."""
     import torch
 
     import layer_cases as C
@@ -292,7 +296,8 @@ def _topk_buffer(w, b, ratio: int, g):
     buf = torch.full((MAX_BATCHED, C.TOPK), -1, dtype=torch.int32)
     if ratio == 4:
         buf[: len(b.toks)] = C.v41_topk(w, [p for _, p in b.toks], g)
-        buf[b.ntok:] = 1 << 20   # never read: an out-of-range page if it were
+        buf[len(b.toks):] = torch.randint(0, 1 << 20, (MAX_BATCHED - len(b.toks), C.TOPK),
+                                          generator=g, dtype=torch.int32)
     return buf
 
 
@@ -361,8 +366,8 @@ def _describe(swa_md, mla_md) -> dict:
             "swa_indices_shape": list(swa_md.decode_swa_indices.shape),
             "swa_lens_shape": list(swa_md.decode_swa_lens.shape),
             "decode_swa_width": swa_md.decode_swa_width}
-    if swa_md.num_prefills:
-        info["chunk_plan"] = None  # filled by the caller (needs the layer's chunk size)
+    if swa_md.num_decode_tokens <= 24:
+        info["swa_lens"] = swa_md.decode_swa_lens.tolist()
     if mla_md is not None and mla_md.c128a_global_decode_topk_indices is not None:
         gi = mla_md.c128a_global_decode_topk_indices
         info.update(c128_decode_shape=list(gi.shape), c128_decode_stride=list(gi.stride()),
@@ -389,7 +394,7 @@ def run_step(mod, w, case: dict, reqs, pad: int, g) -> dict:
     topk = _topk_buffer(w, b, ratio, g)
     layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
     info = _describe(swa_md, mla_md)
-    if swa_md.num_prefills:
+    if swa_md.num_prefills:  # the plan forward_mqa asks for, recorded for the test
         info["chunk_plan"] = swa_md.get_prefill_chunk_plan(
             compress_ratio=ratio, prefill_chunk_size=layer.PREFILL_CHUNK_SIZE)
     q, _, _ = C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)
@@ -416,7 +421,7 @@ def _world(case: dict):
 
     steps = case["steps"]
     n = max(len(reqs) for reqs, _ in steps)
-    longest = [max([reqs[r][0] for reqs, _ in steps if r < len(reqs)] + [1]) or 1
+    longest = [max([reqs[r][0] for reqs, _ in steps if r < len(reqs)] + [1])
                for r in range(n)]
     return C.build_world(ratio=case["ratio"], seq_lens=longest, heads=HEADS, device="cpu",
                          seed=len(steps) * 7 + case["ratio"])

@@ -1,0 +1,146 @@
+"""The Ampere attention adapter on metadata made by vLLM's own builders (CPU, SM80 mocked).
+
+tests/vllm_attention_check.py lays batches out as vLLM's model runner does (decodes
+first, CUDA-graph padding requests and padded tokens, per-group block tables as wide as
+max_model_len with stale ids past each request), builds the metadata with the builders
+vLLM picks for the Ampere layer (``DeepseekSparseSWAAmpereMetadataBuilder`` for the SWA
+group, the compressed group's ``DeepseekV4FlashMLAMetadataBuilder``; Triton interpreter)
+and runs ``DeepseekV4AmpereSparseAttention.forward_mqa`` of the working copy's overlay on
+it. Every real token must match the float64 oracle (relative error <= 2e-2), every case
+must reach the adapter in the layout vLLM really produces, and the negative controls (one
+metadata value off) must be reported as failures.
+
+Layouts the hand-made metadata of tests/layer_cases.py and ampere_v41_adapter_check.py
+does not have, and which are covered here: SWA decode indices [tokens, 1, width]
+(3-D); C128A decode indices as a [tokens, 1, width] column slice of a buffer as wide as
+max_model_len // 128 rounded up to 128, whose width follows the batch's longest context
+from step to step; padded tokens counted in num_decode_tokens (zero lengths); DSpark's
+non-causal block indices (width 192 for window 128 + 5 draft tokens); prefill gather
+lengths and vLLM's area-bounded prefill chunk plan.
+Tree: the applied build/vllm-<version> (`make apply`), else skipped with the reason."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vllm_cpu_harness as harness
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 2e-2
+
+#: Negative controls: the check must report these as failed (by the oracle, not a crash).
+CONTROLS = ("control_c128_len_short", "control_c4_token_to_req", "control_swa_len_short",
+            "control_prefill_gather_len")
+
+#: case -> (num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens) per step.
+SPLITS = {
+    "c128_decode_two_widths": [(3, 3, 0, 0), (3, 3, 0, 0)],
+    "c128_decode_next2_padded": [(4, 8, 0, 0)],
+    "swa_decode_next2_padded": [(4, 8, 0, 0)],
+    "swa_decode_next6_padded": [(4, 24, 0, 0)],
+    "swa_decode_next6_variable": [(3, 15, 0, 0)],
+    "c4_decode_next6_padded": [(3, 18, 0, 0)],
+    "c4_decode_next2": [(3, 6, 0, 0)],
+    "c128_decode_next6_variable": [(3, 15, 0, 0)],
+    "dspark_noncausal_swa": [(4, 20, 0, 0)],
+    "swa_prefill": [(0, 0, 2, 77)],
+    "c4_prefill": [(0, 0, 2, 61)],
+    "c128_prefill": [(0, 0, 2, 52)],
+    "swa_mixed": [(2, 4, 2, 77)],
+    "c4_mixed": [(2, 4, 3, 91)],
+    "c128_mixed": [(2, 4, 2, 52)],
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
+    harness.skip_without_dependencies()
+    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
+    if not (tree / "vllm" / "__init__.py").is_file():
+        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
+               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_attention_check.py"), "--tree",
+         str(tree), "--capability", "8.0"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT / "tests"))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_every_case_ran(results):
+    assert sorted(k for k in results if not k.startswith("_")) == sorted(
+        list(SPLITS) + list(CONTROLS))
+
+
+@pytest.mark.parametrize("case", sorted(SPLITS))
+def test_every_token_matches_the_oracle(results, case):
+    """Each real token's output against the float64 oracle, in vLLM's own split."""
+    r = results[case]
+    assert "error" not in r, r
+    assert r["ok"] and r["max_rel_err"] <= TOL, r
+    for step, want in zip(r["steps"], SPLITS[case], strict=True):
+        assert not step["bad_tokens"] and step["tokens"] > 0, step
+        got = (step["num_decodes"], step["num_decode_tokens"], step["num_prefills"],
+               step["num_prefill_tokens"])
+        assert got == want, step
+        assert step["padded_rows_finite"], step
+
+
+@pytest.mark.parametrize("case", CONTROLS)
+def test_the_check_can_fail(results, case):
+    """One length or request of the builders' metadata off by one: the oracle
+    comparison (not a crash) reports the affected token."""
+    r = results[case]
+    assert "error" not in r, r
+    assert not r["ok"] and r["max_rel_err"] > TOL, r
+    assert any(step["bad_tokens"] for step in r["steps"]), r
+
+
+def test_c128a_decode_is_a_column_slice_whose_width_follows_the_context(results):
+    """``c128a_global_decode_topk_indices`` as vLLM builds it below SM120: a
+    [tokens, 1, width] view of a [max_num_batched_tokens, 512]-wide buffer
+    (max_model_len 65536), width next_pow2(max_seq_len // 128) (at least 128): 128 for
+    a 1.5k context, 256 once a 16.9k context has 132 compressed entries; lengths
+    (pos + 1) // 128."""
+    s1, s2 = results["c128_decode_two_widths"]["steps"]
+    assert s1["c128_decode_shape"] == [3, 1, 128] and s1["c128_decode_stride"][0] == 512
+    assert s2["c128_decode_shape"] == [3, 1, 256] and s2["c128_decode_stride"][0] == 512
+    assert s1["c128_lens"] == [700 // 128, 300 // 128, 1500 // 128]
+    assert s2["c128_lens"] == [16900 // 128, 301 // 128, 1501 // 128]
+
+
+def test_padded_tokens_get_zero_lengths(results):
+    """FULL-graph padding: padded tokens are decode rows with zero SWA and C128A
+    lengths (their slot is -1)."""
+    s = results["c128_decode_next2_padded"]["steps"][0]
+    assert s["c128_lens"][6:] == [0, 0] and min(s["c128_lens"][:6]) >= 1
+    assert s["swa_lens"][6:] == [0, 0] and s["swa_lens"][:6] == [128, 128, 128, 128, 128, 128]
+    assert results["swa_decode_next6_padded"]["steps"][0]["swa_lens"][12:] == [0] * 12
+
+
+def test_swa_decode_indices_are_3d(results):
+    """vLLM's decode SWA indices are [tokens, 1, window] (hand-made ones: [tokens, window])."""
+    assert results["swa_decode_next6_padded"]["steps"][0]["swa_indices_shape"] == [24, 1, 128]
+
+
+def test_dspark_block_is_non_causal(results):
+    """DSpark draft step (causal=False): index rows 192 wide (128 + 5 rounded to 64),
+    every token of a block sees the context window plus the whole block."""
+    s = results["dspark_noncausal_swa"]["steps"][0]
+    assert s["decode_swa_width"] == 192 and s["swa_indices_shape"] == [20, 1, 192]
+    assert s["swa_lens"] == [133] * 5 + [70] * 5 + [133] * 5 + [0] * 5
+
+
+def test_prefill_chunks_follow_vllms_plan(results):
+    """The adapter takes vLLM's area-bounded chunk plan: with PREFILL_CHUNK_SIZE 1 the
+    C4A prefills run as three chunks (later chunks at non-zero query offsets)."""
+    assert len(results["c4_mixed"]["steps"][0]["chunk_plan"]) == 3
+
