@@ -35,6 +35,7 @@ EXPECTED = {
     "native2_c4": ([3, 2], False),
     "native2_padded_c4": ([3, 2], False),
     "plain_c4": ([4, 1], False),
+    "draft_update_c4": ([4, 1], False),
     "v41_flat_uniform_c2_write": ([4, 4], True),
     "v41_flat_uniform_c1_mask": ([3, 4], True),
     "v41_flat_variable_c2_mask": ([10, 1], True),

@@ -52,6 +52,9 @@ CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
     "native2_padded_c4": (1, 4, 256, None, [(900, 2), (35, 2), (0, 0)]),
     # No speculation.
     "plain_c4": (0, 4, 256, None, [(900, 1), (35, 1), (640, 1), (5, 1)]),
+    # An MTP draft step after the first: the drafter advances every seq_len by one and vLLM
+    # refreshes the decode metadata in place (``update_draft_decode_metadata``).
+    "draft_update_c4": (1, 4, 256, None, [(899, 1), (34, 1), (639, 1), (4, 1)]),
     # DeepSeek-V4.1: C2A / C1A indexers with the two-level candidate step, flattened.
     "v41_flat_uniform_c2_write": (3, 2, 128, "write", [(300, 4), (97, 4), (520, 4), (64, 4)]),
     "v41_flat_uniform_c1_mask": (3, 1, 128, "mask", [(300, 4), (97, 4), (201, 4)]),
@@ -136,6 +139,10 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
         builder = mla.DeepseekV32IndexerMetadataBuilder(
             spec, ["l.indexer.k_cache"], cfg, torch.device("cpu"), block_table_width=width)
     md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
+    if name.startswith("draft_update"):
+        md.seq_lens.add_(1)  # the drafter's next position (the common seq_lens, in place)
+        builder.update_draft_decode_metadata(md)
+        reqs = [(s + 1, q) for s, q in reqs]
     dm = md.decode
     info = {"num_decodes": md.num_decodes, "num_decode_tokens": md.num_decode_tokens,
             "num_prefills": md.num_prefills, "use_flattening": builder.use_flattening}
