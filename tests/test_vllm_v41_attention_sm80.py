@@ -1,0 +1,164 @@
+"""The Ampere DeepSeek-V4.1 attention adapter on metadata made by vLLM's own builders (CPU,
+SM80 mocked), with SWA bounded replay on.
+
+tests/vllm_v41_attention_check.py derives each prefix-cache hit's replay start with vLLM's
+scheduler (``Scheduler._mark_prefix_replay`` with the SWA spec's ``prefix_replay_tokens``),
+hands it to the SWA builder as the V2 model state does (``ReplayAttnMetadata``), pads the
+replayed tokens' compressed-group slots with the model state's kernel, builds the metadata
+with the builders vLLM picks for the V4.1 Ampere layer (``DeepseekSparseSWAAmpereV41
+MetadataBuilder``, V4.1's ``DeepseekV4FlashMLAMetadataBuilder`` for the kv-source layer's
+compressed group; Triton interpreter) and runs ``DeepseekV41AmpereSparseAttention
+.forward_mqa`` of the working copy's overlay on it. Every real token must match the float64
+oracle (relative error <= 2e-2; the window of a replaying request starts no earlier than its
+replay start), and the negative controls must be reported as failures: one metadata value
+off, the replay start not handed to the builder, and V4's combine (``v41=False``) in the
+adapter's prefill call.
+
+What vLLM's metadata looks like here and the hand-made metadata of
+tests/ampere_v41_adapter_check.py / layer_cases.prefill_metadata does not have: replay
+starts at hit - 128 on a block-aligned hit, the first step after a hit starting its query
+exactly at the replay start (gather_len == query_len), later chunks of the same prefill
+keeping it (gather_len = query_len + min(prefix - replay_start, 127)), a short replaying
+chunk classified as a decode (the replay start then bounds ``decode_swa_lens``: 1, 2, 3),
+SWA pages of 32 tokens, compressed pages of 128 tokens (the Ampere backend's kernel block),
+the replayed tokens' compressed-group slots padded to -1 and vLLM's area-bounded chunk plan.
+Tree: the applied build/vllm-<version> (`make apply`), else skipped with the reason."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vllm_cpu_harness as harness
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 2e-2
+
+#: Negative controls: the check must report these as failed (by the oracle, not a crash).
+CONTROLS = ("control_gather_len", "control_swa_len", "control_token_to_req",
+            "control_no_replay_start", "control_v4_combine_first_chunk",
+            "control_v4_combine_later_chunk")
+
+#: case -> (num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens) per step.
+SPLITS = {
+    "r0_decode_next1": [(3, 3, 0, 0)],
+    "r2_decode_next2_padded": [(4, 8, 0, 0)],
+    "r1_decode_next6_padded": [(4, 24, 0, 0)],
+    "r2_decode_next6_variable": [(3, 15, 0, 0)],
+    "r0_decode_next6_padded": [(3, 18, 0, 0)],
+    "r0_prefill_replay": [(0, 0, 3, 280)],
+    "r1_prefill_replay": [(0, 0, 3, 184)],
+    "r2_prefill_replay": [(0, 0, 3, 280)],
+    "r2_prefill_replay_chunks": [(0, 0, 2, 102), (0, 0, 3, 216)],
+    "r0_prefill_replay_chunks": [(0, 0, 1, 40), (0, 0, 2, 146)],
+    "r2_mixed_replay": [(2, 4, 3, 209)],
+    "r0_mixed_replay_decode_split": [(2, 9, 2, 304)],
+    "r2_mixed_replay_decode_split": [(2, 9, 2, 184)],
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
+    harness.skip_without_dependencies()
+    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
+    if not (tree / "vllm" / "__init__.py").is_file():
+        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
+               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_v41_attention_check.py"), "--tree",
+         str(tree), "--capability", "8.0"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT / "tests"))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_every_case_ran(results):
+    assert sorted(results) == sorted(list(SPLITS) + list(CONTROLS))
+
+
+@pytest.mark.parametrize("case", sorted(SPLITS))
+def test_every_token_matches_the_oracle(results, case):
+    """Each real token's output against the float64 oracle, in vLLM's own split."""
+    r = results[case]
+    assert "error" not in r, r
+    assert r["ok"] and r["max_rel_err"] <= TOL, r
+    for step, want in zip(r["steps"], SPLITS[case], strict=True):
+        assert not step["bad_tokens"] and step["tokens"] > 0, step
+        got = (step["num_decodes"], step["num_decode_tokens"], step["num_prefills"],
+               step["num_prefill_tokens"])
+        assert got == want, step
+        assert step["padded_rows_finite"], step
+        # the builder got the model state's replay starts
+        assert step["md_replay_start"] == step["replay_start"], step
+
+
+@pytest.mark.parametrize("case", CONTROLS)
+def test_the_check_can_fail(results, case):
+    """One metadata value off, no replay start, or V4's combine: the oracle comparison
+    (not a crash) reports the affected tokens."""
+    r = results[case]
+    assert "error" not in r, r
+    assert not r["ok"] and r["max_rel_err"] > TOL, r
+    assert any(step["bad_tokens"] for step in r["steps"]), r
+
+
+@pytest.mark.parametrize("case", ["control_no_replay_start", "control_v4_combine_first_chunk",
+                                  "control_v4_combine_later_chunk"])
+def test_replay_controls_fail_on_the_replayed_window(results, case):
+    """Without the replay start, or with V4's combine, exactly the tokens whose window
+    reaches below their request's replay start go wrong."""
+    for step in results[case]["steps"]:
+        assert step["num_bad"] == step["bad_clamped"] == step["clamped_tokens"] > 0, step
+
+
+def test_replay_starts_come_from_the_scheduler(results):
+    """A block-aligned hit of 512 (256) tokens replays its last window: replay start 384
+    (128), the first step's query starts there, so gather_len == query_len; a fresh
+    prefill gathers query_len + min(prefix, 127) (here no prefix). A 384-token hit:
+    replay start 256."""
+    s = results["r2_prefill_replay"]["steps"][0]
+    assert s["replay_start"] == [384, 128, 0]
+    assert s["gather_lens"] == [140, 110, 30]
+    assert s["clamped_tokens"] == 127 + 110
+    s = results["r1_prefill_replay"]["steps"][0]
+    assert s["replay_start"] == [128, 256, 0] and s["gather_lens"] == [110, 44, 30]
+
+
+def test_later_chunks_keep_the_replay_start(results):
+    """Chunked replaying prefills: gather_len = query_len + min(prefix - replay_start,
+    127): 40 + 0, then 56 + 40 = 96 (V4's rule would give 56 + 127), 70 + 62 = 132."""
+    s1, s2 = results["r2_prefill_replay_chunks"]["steps"]
+    assert s1["replay_start"] == [384, 128] and s1["gather_lens"] == [40, 62]
+    assert s2["replay_start"] == [384, 128, 0] and s2["gather_lens"] == [96, 132, 90]
+
+
+def test_replayed_slots_are_padded_in_the_compressed_group_only(results):
+    """The model state pads the replayed tokens' slots (positions [replay_start,
+    replay_start + 128)) in the prefix-cacheable compressed group; the SWA group (bounded
+    replay: not prefix-cacheable) keeps them, so its tokens stay valid."""
+    s = results["r2_prefill_replay"]["steps"][0]
+    assert s["slots_swa_padded"] == 0 and s["slots_c_padded"] == 128 + 110
+
+
+def test_a_short_replaying_chunk_is_a_decode_bounded_by_its_replay_start(results):
+    """next_n 6: a 3-token replaying chunk (positions 384..386, replay start 384) is in the
+    decode split; the builder's decode SWA lengths stop at the replay start."""
+    for case in ("r0_mixed_replay_decode_split", "r2_mixed_replay_decode_split"):
+        s = results[case]["steps"][0]
+        assert s["replay_start"] == [0, 384, 384, 128]
+        assert s["swa_lens"] == [128] * 6 + [1, 2, 3]
+    # PREFILL_CHUNK_SIZE 1: the SWA-only layer's prefills in two chunks (area bound 640)
+    assert len(results["r0_mixed_replay_decode_split"]["steps"][0]["chunk_plan"]) == 2
+
+
+def test_padded_tokens_get_zero_lengths(results):
+    s = results["r1_decode_next6_padded"]["steps"][0]
+    assert s["swa_lens"][12:] == [0] * 12 and s["swa_lens"][:12] == [128] * 12
+    assert s["swa_indices_shape"] == [24, 1, 128] and s["block_size"] == 32
