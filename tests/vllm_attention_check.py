@@ -148,7 +148,8 @@ def _config(case: dict):
     if spec:
         speculative = types.SimpleNamespace(
             num_speculative_tokens=spec, parallel_drafting=False, method=method,
-            enable_adaptive_verification=False, use_dspark=lambda: method == "dspark")
+            enable_adaptive_verification=False, use_dspark=lambda: method == "dspark",
+            max_num_new_slots_for_drafting=0)
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
                                            max_model_len=case["max_model_len"]),
@@ -159,6 +160,8 @@ def _config(case: dict):
         cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla", block_size=SWA_BS),
         scheduler_config=types.SimpleNamespace(max_num_seqs=16,
                                                max_num_batched_tokens=MAX_BATCHED),
+        # 0.34.0's indexer builder reads the layers' static forward context
+        compilation_config=types.SimpleNamespace(static_forward_context={}),
         speculative_config=speculative, use_v2_model_runner=True)
 
 

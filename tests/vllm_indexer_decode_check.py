@@ -80,8 +80,11 @@ def _config(num_spec: int, page_tokens: int):
         attention_config=attention,
         cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=page_tokens),
         scheduler_config=types.SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=128),
+        # 0.34.0's indexer builder reads the layers' static forward context
+        compilation_config=types.SimpleNamespace(static_forward_context={}),
         speculative_config=(types.SimpleNamespace(num_speculative_tokens=num_spec,
-                                                  enable_adaptive_verification=False)
+                                                  enable_adaptive_verification=False,
+                                                  max_num_new_slots_for_drafting=0)
                             if num_spec else None),
         num_speculative_tokens=num_spec)
 

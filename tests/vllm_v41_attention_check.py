@@ -164,7 +164,8 @@ def _config(case: dict):
     if spec:
         speculative = types.SimpleNamespace(
             num_speculative_tokens=spec, parallel_drafting=False, method="mtp",
-            enable_adaptive_verification=False, use_dspark=lambda: False)
+            enable_adaptive_verification=False, use_dspark=lambda: False,
+            max_num_new_slots_for_drafting=0)
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(hf_config=hf, hf_text_config=hf,
                                            max_model_len=case.get("max_model_len", 4096)),
@@ -177,6 +178,8 @@ def _config(case: dict):
             enable_prefix_caching=True),
         scheduler_config=types.SimpleNamespace(max_num_seqs=16,
                                                max_num_batched_tokens=MAX_BATCHED),
+        # 0.34.0's indexer builder reads the layers' static forward context
+        compilation_config=types.SimpleNamespace(static_forward_context={}),
         speculative_config=speculative, use_v2_model_runner=True)
 
 
