@@ -62,6 +62,9 @@ CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
 }
 
 H, D, TOPK = 16, 128, 32
+#: Where the metadata, cache and scorer live: "cpu" (portable scorer, Triton interpreter) or
+#: "cuda" (vLLM's Triton kernels compiled, this project's CUDA scorer; --device cuda).
+DEVICE = "cpu"
 CAND_BLOCK, CAND_BLOCKS = 8, 5     # V4.1 candidate block size and blocks per token (small)
 
 
@@ -90,6 +93,7 @@ def _config(num_spec: int, page_tokens: int):
 
 
 def _common_metadata(reqs, block_table, page_tokens):
+    """The model runner's tensors on DEVICE (host copies where vLLM keeps them on the host)."""
     import torch
 
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -102,10 +106,10 @@ def _common_metadata(reqs, block_table, page_tokens):
         for pos in range(s - q, s):
             slots.append(int(block_table[r, pos // page_tokens]) * page_tokens + pos % page_tokens)
     return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
+        query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl.clone(), seq_lens=seq.to(DEVICE),
         num_reqs=len(reqs), num_actual_tokens=int(qsl[-1]), max_query_len=max(qlens),
-        max_seq_len=int(seq.max()), block_table_tensor=block_table,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        max_seq_len=int(seq.max()), block_table_tensor=block_table.to(DEVICE),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
         seq_lens_cpu_upper_bound=seq.clone())
 
 
@@ -140,7 +144,7 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     cfg = _config(num_spec, page_tokens)
     with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
         builder = mla.DeepseekV32IndexerMetadataBuilder(
-            spec, ["l.indexer.k_cache"], cfg, torch.device("cpu"), block_table_width=width)
+            spec, ["l.indexer.k_cache"], cfg, torch.device(DEVICE), block_table_width=width)
     md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
     if name.startswith("draft_update"):
         md.seq_lens.add_(1)  # the drafter's next position (the common seq_lens, in place)
@@ -159,17 +163,17 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     q, q64 = dyadic_fp8((T, H, D), g)
     w64 = dyadic_weights((T, H), g)
     spare = 3
-    buf = torch.full((T + spare, TOPK), -7, dtype=torch.int32)  # poison
+    buf = torch.full((T + spare, TOPK), -7, dtype=torch.int32, device=DEVICE)  # poison
     op = object.__new__(mi.AmpereSparseAttnIndexer)
     torch.nn.Module.__init__(op)
-    op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages)
+    op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages.to(DEVICE))
     op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, TOPK, D
     op.max_total_seq_len = 1024
     blocks = None
     if cand is not None:  # V4.1: the candidate-source indexer writes, later ones mask
         blocks = (torch.full((T + spare, CAND_BLOCKS), -7, dtype=torch.int32) if cand == "write"
                   else torch.randint(-1, 40, (T + spare, CAND_BLOCKS), generator=g,
-                                     dtype=torch.int32))
+                                     dtype=torch.int32)).to(DEVICE)
         op.candidate_blocks, op.candidate_block_size = blocks, CAND_BLOCK
         op.candidate_write = cand == "write"
     calls = []
@@ -183,7 +187,10 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
             (mi, "get_forward_context",
              lambda: types.SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})),
             (mi.ampere_indexer, "decode_topk", spy)]):
-        op._forward(torch.zeros(T + spare, 8), q.view(torch.float8_e4m3fn), None, w64.float())
+        op._forward(torch.zeros(T + spare, 8, device=DEVICE),
+                    q.to(DEVICE).view(torch.float8_e4m3fn), None, w64.float().to(DEVICE))
+    buf = buf.cpu()
+    blocks = None if blocks is None else blocks.cpu()
 
     ok = bool((buf[T:] == -1).all())
     bad = []
@@ -228,7 +235,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", type=Path, required=True)
     ap.add_argument("--capability", default="8.0")
     ap.add_argument("--case", action="append", default=[])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     triton_interp.patch_index()
     harness._boot(args.tree.resolve(), None)
     # The working copy's kernels package and indexer adapter, not the tree's copies (the
@@ -237,7 +247,8 @@ def main(argv=None) -> int:
     stale = [n for n in sys.modules if n == "deepinfer_sm80" or n.startswith("deepinfer_sm80.")]
     for name in stale:
         del sys.modules[name]
-    _load_overlay("vllm.models.deepseek_v4.nvidia.ampere_indexer")
+    if (ROOT / "overlay" / "vllm").is_dir():  # (a GPU bundle has the tree's copy only)
+        _load_overlay("vllm.models.deepseek_v4.nvidia.ampere_indexer")
     harness._CAPABILITY[:] = [int(x) for x in args.capability.split(".")]
     harness._reset_capability_state()
     res = {}

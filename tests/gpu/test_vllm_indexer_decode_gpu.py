@@ -1,0 +1,62 @@
+"""vLLM's own indexer decode metadata, built on the GPU, into the Ampere indexer adapter and this
+project's CUDA scorer (tests/vllm_indexer_decode_check.py --device cuda).
+
+The CPU test (tests/test_vllm_indexer_decode_sm80.py) runs the same cases with the portable
+scorer and vLLM's Triton kernels in the interpreter. Here vLLM's metadata builder runs on CUDA
+tensors (its Triton preparation kernels compiled for this GPU; the platform mocked to
+capability 8.0, so vLLM takes its SM80 decisions: no DeepGEMM, next_n > 2 flattened) and the
+adapter calls ``decode_topk`` with the CUDA scorer: every token's top-k (V4.1: candidate row,
+or the top-k masked to them) must equal the float64 oracle, and the uniform DSpark batch must
+reach the scorer regrouped to [requests, next_n].
+
+Needs vLLM's pure-Python dependencies (tests/vllm_cpu_harness.REQUIRED_MODULES); skips naming
+the missing ones. Tree: $DEEPINFER_VLLM_TREE, build/vllm-<version>, or the GPU bundle's
+vllm-tree/."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import vllm_cpu_harness as harness  # noqa: E402
+from test_vllm_indexer_decode_sm80 import EXPECTED  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(ext):
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
+    from upstream_import import UpstreamImportError, find_tree
+
+    try:
+        tree = find_tree(version=harness.VLLM_VERSION)
+    except UpstreamImportError as e:
+        pytest.skip(str(e))
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_indexer_decode_check.py"), "--tree",
+         str(tree), "--capability", "8.0", "--device", "cuda"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=str(ROOT / "tests"))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_decode_on_cuda_matches_oracle_in_the_fast_shape(results, case):
+    r = results[case]
+    assert "error" not in r, r
+    shape, flattened = EXPECTED[case]
+    assert r["builder"]["use_flattening"] == flattened, r["builder"]
+    assert r["ok"] and not r["bad_rows"], r
+    assert r["rows"] == r["builder"]["num_decode_tokens"] > 0, r
+    assert r["calls"] == [shape], r
