@@ -101,10 +101,10 @@ def _check(out, lse, ref64, ref32, lse64, tag):
     return e64, e32
 
 
-def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind, cap, splits=0, topk=512):
+def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind, cap, splits=0, topk=512,
+                 window=128):
     seed = _seed()
     t = num_req * rows
-    window = 128
     # SWA cache: each request owns random pages; row j of a request sees positions
     # [pos + j - 127, pos + j] (MTP/DSpark rows overlap).
     pages_per_req = 4
@@ -127,7 +127,12 @@ def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind
         swa_lens = torch.full((t,), window, dtype=torch.int32, device=DEV)
         comp_lens = None if swa_only else torch.full((t,), topk, dtype=torch.int32, device=DEV)
     else:  # mixed: 0, 1, partial, full; -1 padding past the length and some holes
-        swa_lens = torch.randint(0, window + 1, (t,), dtype=torch.int32, device=DEV)
+        # (dspark: DSpark's non-causal draft block, a 192-wide row of which at most
+        # window 128 + 5 block tokens are valid; sparse_swa.py's non-causal indices)
+        hi = 133 if lens_kind == "dspark" else window
+        swa_lens = torch.randint(0, hi + 1, (t,), dtype=torch.int32, device=DEV)
+        if t > 2:
+            swa_lens[2] = hi
         swa_lens[0] = 0
         if t > 1:
             swa_lens[1] = 1
@@ -160,6 +165,16 @@ def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind
     if lens_kind == "mixed":
         empty = (swa_lens == 0) & ((comp_lens == 0) if comp_lens is not None else True)
         assert (out[empty] == 0).all(), tag
+
+
+@pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
+@pytest.mark.parametrize("heads", [16, 64])
+def test_decode_dspark_noncausal_block_width_192(cap, heads):
+    """DSpark's draft step (SWA-only draft layers): vLLM's non-causal index rows are 192 wide
+    (window 128 + 5 block tokens, rounded up to 64) with up to 133 valid entries per token
+    (tests/test_vllm_attention_sm80.py::test_dspark_block_is_non_causal)."""
+    _decode_case(num_req=4, rows=5, heads=heads, swa_only=True, lens_kind="dspark",
+                 big_slots=False, sink_kind="finite", cap=cap, window=192)
 
 
 @pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
