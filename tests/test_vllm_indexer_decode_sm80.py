@@ -1,4 +1,4 @@
-"""The Ampere indexer adapter on decode metadata made by vLLM's own builder (CPU, SM80 mocked).
+"""The Ampere indexer adapter on metadata made by vLLM's own builder (CPU, SM80 mocked).
 
 ``DeepseekV32IndexerMetadataBuilder.build`` (v1/attention/backends/mla/indexer.py) lays a
 decode step out differently below SM90: without DeepGEMM it flattens next_n > 2 into one
@@ -9,7 +9,10 @@ vLLM's code (Triton interpreter) and runs the adapter's ``_forward`` on it; here
 token's top-k (V4.1: candidate rows, or the top-k masked to them) must equal the float64
 oracle, and each layout must reach the scorer in the shape it is fastest in: a uniform
 flattened decode regrouped to [requests, next_n] (each request's K read once for its rows),
-anything else as vLLM laid it out.
+anything else as vLLM laid it out. Prefills too: vLLM's prefill chunks (query slices of one
+long request that reuse its gathered K, several requests in separate chunks, decodes then
+prefills) through the adapter's K gather (a torch stand-in for vLLM's compiled gather, whose
+layout tests/gpu/test_vllm_c_indexer_k_gather_sm80.py checks on the GPU) and prefill_topk.
 
 Until this test, the regrouping was checked only on hand-made metadata with 1-D lengths;
 vLLM's are [tokens, 1], so the regrouping never ran in vLLM (found 2026-12-03).
@@ -27,18 +30,27 @@ import vllm_cpu_harness as harness
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: case -> (rows, next_n) of the single decode_topk call, and whether vLLM flattened it.
+#: case -> ((rows, next_n) of the single decode_topk call or None, whether vLLM flattened the
+#: decode, the row counts of the prefill_topk calls: one per prefill chunk).
 EXPECTED = {
-    "flat_uniform_c4": ([3, 6], True),
-    "flat_variable_c4": ([15, 1], True),
-    "flat_padded_c4": ([12, 1], True),
-    "native2_c4": ([3, 2], False),
-    "native2_padded_c4": ([3, 2], False),
-    "plain_c4": ([4, 1], False),
-    "draft_update_c4": ([4, 1], False),
-    "v41_flat_uniform_c2_write": ([4, 4], True),
-    "v41_flat_uniform_c1_mask": ([3, 4], True),
-    "v41_flat_variable_c2_mask": ([10, 1], True),
+    "flat_uniform_c4": ([3, 6], True, []),
+    "flat_variable_c4": ([15, 1], True, []),
+    "flat_padded_c4": ([12, 1], True, []),
+    "native2_c4": ([3, 2], False, []),
+    "native2_padded_c4": ([3, 2], False, []),
+    "plain_c4": ([4, 1], False, []),
+    "draft_update_c4": ([4, 1], False, []),
+    "v41_flat_uniform_c2_write": ([4, 4], True, []),
+    "v41_flat_uniform_c1_mask": ([3, 4], True, []),
+    "v41_flat_variable_c2_mask": ([10, 1], True, []),
+    "prefill_c4": (None, False, [340]),
+    # 1 MB of logits: one request's 400 queries x 1,000 compressed positions in two query
+    # slices (the second reuses the first's gathered K); two requests in two chunks
+    "prefill_query_split_c4": (None, False, [262, 138]),
+    "prefill_two_chunks_c4": (None, False, [200, 300]),
+    "mixed_c4": ([2, 2], False, [104]),
+    "v41_mixed_c2_mask": ([2, 2], False, [30]),
+    "v41_prefill_c1_write": (None, False, [117]),
 }
 
 
@@ -66,14 +78,32 @@ def test_every_case_ran(results):
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
-def test_decode_matches_oracle_in_the_fast_shape(results, case):
+def test_topk_matches_oracle_in_the_fast_shape(results, case):
+    check_case(results, case)
+
+
+def check_case(results, case):
+    """Every token's top-k (or candidate row) equal to the oracle, every token written, and
+    the scorer called in the expected shapes. (Shared with the GPU variant.)"""
     r = results[case]
     assert "error" not in r, r
-    shape, flattened = EXPECTED[case]
-    assert r["builder"]["use_flattening"] == flattened, r["builder"]
+    shape, flattened, prefill_rows = EXPECTED[case]
+    b = r["builder"]
+    assert b["use_flattening"] == flattened, b
     assert r["ok"] and not r["bad_rows"], r
-    assert r["rows"] == r["builder"]["num_decode_tokens"] > 0, r
-    assert r["calls"] == [shape], r
+    assert r["rows"] == b["num_decode_tokens"] + sum(prefill_rows) > 0, r
+    assert r["calls"] == ([shape] if shape else []), r
+    assert r["prefill_calls"] == prefill_rows, r
+
+
+def test_a_query_split_prefill_gathers_once(results):
+    """vLLM's second query slice of one request reuses the first slice's gathered K
+    (``skip_kv_gather``); separate requests gather each."""
+    assert results["prefill_query_split_c4"]["builder"]["prefill_chunks"] == [
+        [0, 262, False], [262, 400, True]]
+    assert results["prefill_two_chunks_c4"]["builder"]["prefill_chunks"] == [
+        [0, 200, False], [200, 500, False]]
+    assert results["mixed_c4"]["builder"]["prefill_chunks"] == [[4, 108, False]]
 
 
 def test_the_flattened_lengths_are_a_column(results):

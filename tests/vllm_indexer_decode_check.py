@@ -59,7 +59,20 @@ CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
     "v41_flat_uniform_c2_write": (3, 2, 128, "write", [(300, 4), (97, 4), (520, 4), (64, 4)]),
     "v41_flat_uniform_c1_mask": (3, 1, 128, "mask", [(300, 4), (97, 4), (201, 4)]),
     "v41_flat_variable_c2_mask": (3, 2, 128, "mask", [(300, 4), (97, 2), (520, 4)]),
+    # Prefills (vLLM's prefill chunks: cu_seqlen_ks / ke, token ranges, the K gather per
+    # chunk): prefill only; logits budget of 1 MB (CASE_ENV), so that vLLM splits one long
+    # request along its queries (the second slice skips the gather) and two requests into
+    # two chunks; decodes then prefills; V4.1 with the candidate step.
+    "prefill_c4": (0, 4, 256, None, [(700, 40), (300, 300)]),
+    "prefill_query_split_c4": (0, 4, 256, None, [(4000, 400)]),
+    "prefill_two_chunks_c4": (0, 4, 256, None, [(2000, 200), (1600, 300)]),
+    "mixed_c4": (1, 4, 256, None, [(900, 2), (35, 2), (700, 40), (300, 64)]),
+    "v41_mixed_c2_mask": (1, 2, 128, "mask", [(300, 2), (97, 2), (520, 30)]),
+    "v41_prefill_c1_write": (0, 1, 128, "write", [(300, 20), (97, 97)]),
 }
+#: Environment of a case while vLLM builds its metadata (read by vllm.envs at build time).
+CASE_ENV = {"prefill_query_split_c4": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"},
+            "prefill_two_chunks_c4": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"}}
 
 H, D, TOPK = 16, 128, 32
 #: Where the metadata, cache and scorer live: "cpu" (portable scorer, Triton interpreter) or
@@ -82,9 +95,11 @@ def _config(num_spec: int, page_tokens: int):
             prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1),
         attention_config=attention,
         cache_config=types.SimpleNamespace(cache_dtype="fp8", block_size=page_tokens),
-        scheduler_config=types.SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=128),
+        # (vLLM sizes the builders' buffers from max_num_batched_tokens and never schedules
+        # more tokens than it: at least every case's token count)
+        scheduler_config=types.SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=1024),
         # 0.34.0's indexer builder reads the layers' static forward context
-        compilation_config=types.SimpleNamespace(static_forward_context={}),
+        compilation_config=types.SimpleNamespace(static_forward_context={}, cudagraph_mode=None),
         speculative_config=(types.SimpleNamespace(num_speculative_tokens=num_spec,
                                                   enable_adaptive_verification=False,
                                                   max_num_new_slots_for_drafting=0)
@@ -113,6 +128,28 @@ def _common_metadata(reqs, block_table, page_tokens):
         seq_lens_cpu_upper_bound=seq.clone())
 
 
+def cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+    """vLLM's compiled ``cp_gather_indexer_k_quant_cache`` (csrc/cache_kernels.cu; not built on
+    the CPU), in torch: token t of request r lands in row ``cu_seq_lens[r] + t`` as its 128 code
+    bytes and 4 scale bytes from block ``block_table[r, t // bs]`` (a block: bs x 128 codes,
+    then bs x 4 scale bytes). The layout is checked bit for bit against the compiled op on the
+    GPU (tests/gpu/test_vllm_c_indexer_k_gather_sm80.py); on CUDA the real op is not built here
+    either, so this runs there too."""
+    import torch
+
+    nb, bs = kv_cache.shape[0], kv_cache.shape[1]
+    flat = kv_cache.view(torch.uint8).reshape(nb, -1)
+    dk = dst_k.view(torch.uint8)
+    cu = cu_seq_lens.tolist()
+    for r in range(len(cu) - 1):
+        t = torch.arange(cu[r + 1] - cu[r], device=flat.device)
+        blocks = flat[block_table[r, t // bs].long()]
+        off = (t % bs).unsqueeze(1)
+        dk[cu[r]:cu[r + 1]] = blocks.gather(1, off * D + torch.arange(D, device=flat.device))
+        dst_scale[cu[r]:cu[r + 1]] = blocks.gather(
+            1, bs * D + off * 4 + torch.arange(4, device=flat.device))
+
+
 def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str | None,
              reqs) -> dict:
     import torch
@@ -126,7 +163,8 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
 
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     bs = page_tokens // ratio              # compressed entries per page
-    width = 6                              # block-table width (max_model_len wide)
+    # block-table width (as wide as max_model_len: past every request's pages)
+    width = max(6, -(-max(sq for sq, _ in reqs) // page_tokens) + 2)
     nb = len(reqs) * width + 3
     codes, vals = dyadic_fp8((nb, bs, D), g)
     sc = k_scales(nb * bs, g).view(nb, bs)
@@ -145,7 +183,19 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
         builder = mla.DeepseekV32IndexerMetadataBuilder(
             spec, ["l.indexer.k_cache"], cfg, torch.device(DEVICE), block_table_width=width)
-    md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
+    import os
+
+    env = CASE_ENV.get(name, {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     if name.startswith("draft_update"):
         md.seq_lens.add_(1)  # the drafter's next position (the common seq_lens, in place)
         builder.update_draft_decode_metadata(md)
@@ -159,7 +209,10 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
                     decode_is_uniform=bool(dm.decode_is_uniform),
                     requires_padding=bool(dm.requires_padding))
 
-    T = md.num_decode_tokens
+    T = md.num_decode_tokens + md.num_prefill_tokens
+    if md.prefill is not None:
+        info["prefill_chunks"] = [
+            [c.token_start, c.token_end, bool(c.skip_kv_gather)] for c in md.prefill.chunks]
     q, q64 = dyadic_fp8((T, H, D), g)
     w64 = dyadic_weights((T, H), g)
     spare = 3
@@ -168,7 +221,7 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     torch.nn.Module.__init__(op)
     op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages.to(DEVICE))
     op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, TOPK, D
-    op.max_total_seq_len = 1024
+    op.max_total_seq_len = 4096
     blocks = None
     if cand is not None:  # V4.1: the candidate-source indexer writes, later ones mask
         blocks = (torch.full((T + spare, CAND_BLOCKS), -7, dtype=torch.int32) if cand == "write"
@@ -176,17 +229,23 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
                                      dtype=torch.int32)).to(DEVICE)
         op.candidate_blocks, op.candidate_block_size = blocks, CAND_BLOCK
         op.candidate_write = cand == "write"
-    calls = []
-    real = mi.ampere_indexer.decode_topk
+    calls, prefill_calls = [], []
+    real, real_prefill = mi.ampere_indexer.decode_topk, mi.ampere_indexer.prefill_topk
 
     def spy(q4, *a, **kw):
         calls.append(list(q4.shape[:2]))
         return real(q4, *a, **kw)
 
+    def spy_prefill(q, *a, **kw):
+        prefill_calls.append(q.shape[0])
+        return real_prefill(q, *a, **kw)
+
     with harness._patched([
             (mi, "get_forward_context",
              lambda: types.SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})),
-            (mi.ampere_indexer, "decode_topk", spy)]):
+            (mi.ampere_indexer, "decode_topk", spy),
+            (mi.ampere_indexer, "prefill_topk", spy_prefill),
+            (mi.ops, "cp_gather_indexer_k_quant_cache", cp_gather_indexer_k_quant_cache)]):
         op._forward(torch.zeros(T + spare, 8, device=DEVICE),
                     q.to(DEVICE).view(torch.float8_e4m3fn), None, w64.float().to(DEVICE))
     buf = buf.cpu()
@@ -215,7 +274,8 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     ok &= not bad and t == T
     if cand == "write":
         ok &= bool((blocks[T:] == -7).all())  # candidate rows past the batch untouched
-    return {"ok": bool(ok), "bad_rows": bad[:8], "rows": t, "calls": calls, "builder": info}
+    return {"ok": bool(ok), "bad_rows": bad[:8], "rows": t, "calls": calls,
+            "prefill_calls": prefill_calls, "builder": info}
 
 
 def _load_overlay(modname: str):
@@ -241,6 +301,15 @@ def main(argv=None) -> int:
     DEVICE = args.device
     triton_interp.patch_index()
     harness._boot(args.tree.resolve(), None)
+    import torch
+
+    from vllm.v1.worker import workspace
+
+    workspace.init_workspace_manager(torch.device(DEVICE))  # the prefill K gather's buffers
+    if DEVICE == "cpu":
+        # Growing the workspace calls torch.accelerator.empty_cache(), which raises without
+        # an accelerator; releasing cached device memory has no CPU meaning.
+        torch.accelerator.empty_cache = lambda: None
     # The working copy's kernels package and indexer adapter, not the tree's copies (the
     # tree supplies vLLM; `make apply` need not be rerun after an overlay edit).
     sys.path.insert(0, str(ROOT / "overlay"))
