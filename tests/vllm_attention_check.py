@@ -216,6 +216,10 @@ def _batch(w, reqs, pad: int, case: dict, g):
     qsl = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
     toks = [(r, p) for r, s, q in real for p in range(s - q, s)]
     ntok = len(toks) + pad
+    # vLLM never schedules more tokens than max_num_batched_tokens, which sizes the
+    # builders' buffers: a larger case would write past them (heap corruption under the
+    # Triton interpreter, not an error)
+    assert ntok <= MAX_BATCHED, ntok
     mml = case["max_model_len"]
     swa_used = [-(-s // SWA_BS) if q else 0 for s, q in reqs]
     bt_swa = _wide_table(_pad_rows(w.swa_bt, nreq), swa_used, mml // SWA_BS,

@@ -180,6 +180,10 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
                             head_size=D + 4, dtype=torch.uint8, tokens_per_state=ratio,
                             alignment=512)
     cfg = _config(num_spec, page_tokens)
+    # vLLM never schedules more tokens than max_num_batched_tokens, which sizes the
+    # builders' buffers: a larger case would write past them (heap corruption under the
+    # Triton interpreter, not an error)
+    assert sum(q for _, q in reqs) <= cfg.scheduler_config.max_num_batched_tokens
     with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
         builder = mla.DeepseekV32IndexerMetadataBuilder(
             spec, ["l.indexer.k_cache"], cfg, torch.device(DEVICE), block_table_width=width)

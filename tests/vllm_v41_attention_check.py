@@ -303,6 +303,10 @@ def _batch(w, reqs, pad: int, case: dict, replay: list[int], g, swa_bs: int, c_p
     mml = case.get("max_model_len", 4096)
     swa_used = [-(-s // swa_bs) if q else 0 for s, q in reqs2]
     retired = [rs // swa_bs for rs in replay]
+    # vLLM never schedules more tokens than max_num_batched_tokens, which sizes the
+    # builders' buffers: a larger case would write past them (heap corruption under the
+    # Triton interpreter, not an error)
+    assert len(toks) + pad <= MAX_BATCHED, (len(toks), pad)
     b = types.SimpleNamespace(reqs=reqs2, toks=toks, ntok=len(toks) + pad, qsl=qsl)
     b.bt_swa = _wide_table(_pad_rows(w.swa_bt, nreq), swa_used, mml // swa_bs,
                            w.swa_cache.shape[0], g, retired)
