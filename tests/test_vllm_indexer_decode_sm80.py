@@ -18,17 +18,9 @@ Until this test, the regrouping was checked only on hand-made metadata with 1-D 
 vLLM's are [tokens, 1], so the regrouping never ran in vLLM (found 2026-12-03).
 Tree: the applied build/vllm-<version> (`make apply`), else skipped with the reason."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-import vllm_cpu_harness as harness
-
-ROOT = Path(__file__).resolve().parents[1]
+import vllm_builder_check as checks
 
 #: case -> ((rows, next_n) of the single decode_topk call or None, whether vLLM flattened the
 #: decode, the row counts of the prefill_topk calls: one per prefill chunk).
@@ -56,21 +48,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
-    harness.skip_without_dependencies()
-    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
-    if not (tree / "vllm" / "__init__.py").is_file():
-        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
-               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_indexer_decode_check.py"), "--tree",
-         str(tree), "--capability", "8.0"],
-        capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT / "tests"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return checks.run_check("vllm_indexer_decode_check.py", checks.applied_tree())
 
 
 def test_every_case_ran(results):

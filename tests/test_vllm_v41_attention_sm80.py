@@ -24,17 +24,10 @@ SWA pages of 32 tokens, compressed pages of 128 tokens (the Ampere backend's ker
 the replayed tokens' compressed-group slots padded to -1 and vLLM's area-bounded chunk plan.
 Tree: the applied build/vllm-<version> (`make apply`), else skipped with the reason."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-import vllm_cpu_harness as harness
+import vllm_builder_check as checks
 
-ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-2
 
 #: Negative controls: the check must report these as failed (by the oracle, not a crash).
@@ -62,21 +55,7 @@ SPLITS = {
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
-    harness.skip_without_dependencies()
-    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
-    if not (tree / "vllm" / "__init__.py").is_file():
-        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore",
-               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_v41_attention_check.py"), "--tree",
-         str(tree), "--capability", "8.0"],
-        capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT / "tests"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return checks.run_check("vllm_v41_attention_check.py", checks.applied_tree())
 
 
 def test_every_case_ran(results):

@@ -33,17 +33,13 @@ Prints one line ``RESULT {case: {"ok", "max_rel_err", "steps": [...]}}``."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import types
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import triton_interp  # noqa: E402
+import vllm_builder_check as checks  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 
 TOL = 2e-2                 # bf16-level relative error vs the float64 oracle
@@ -448,62 +444,13 @@ def run_case(mod, name: str, case: dict) -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def _load_overlay(overlay: Path, modname: str):
-    """Import ``<overlay>/<modname as path>.py`` under ``modname``."""
-    import importlib.util
-
-    path = overlay / (modname.replace(".", "/") + ".py")
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _boot(tree: Path, overlay: Path, capability: str):
-    """Import the tree under the mocked platform, then the overlay's kernels package and
-    V4 Ampere modules (the working copy's, or ``--overlay``'s) over the tree's copies;
-    start vLLM's workspace manager on the CPU."""
-    import torch
-
-    triton_interp.patch_index()
-    harness._boot(tree.resolve(), None)
-    sys.path.insert(0, str(overlay))
-    for name in [n for n in sys.modules if n.split(".")[0] == "deepinfer_sm80"]:
-        del sys.modules[name]
-    for rel in ("ampere_ops", "ampere_indexer", "ampere_sparse"):
-        mod = _load_overlay(overlay, f"vllm.models.deepseek_v4.nvidia.{rel}")
-    harness._CAPABILITY[:] = [int(x) for x in capability.split(".")]
-    harness._reset_capability_state()
-    from vllm.v1.worker import workspace
-
-    workspace.init_workspace_manager(torch.device("cpu"))
-    # Growing the workspace calls torch.accelerator.empty_cache(), which raises without
-    # an accelerator; releasing cached device memory has no CPU meaning.
-    torch.accelerator.empty_cache = lambda: None
-    return mod
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", type=Path, required=True)
-    ap.add_argument("--capability", default="8.0")
-    ap.add_argument("--overlay", type=Path, default=ROOT / "overlay",
-                    help="overlay root to test (default: the working copy's)")
-    ap.add_argument("--case", action="append", default=[])
-    args = ap.parse_args(argv)
-    mod = _boot(args.tree, args.overlay.resolve(), args.capability)
-    res = {}
-    for name in args.case or list(CASES):
-        try:
-            res[name] = run_case(mod, name, CASES[name])
-        except Exception as exc:  # reported per case, with where it failed
-            import traceback
-
-            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                         "where": traceback.format_exc().splitlines()[-8:]}
-    print("RESULT " + json.dumps(res, sort_keys=True))
-    return 0
+    args = checks.arg_parser(__doc__).parse_args(argv)
+    mod = checks.boot(args.tree, args.overlay, args.capability, tuple(
+        f"vllm.models.deepseek_v4.nvidia.{m}" for m in ("ampere_ops", "ampere_indexer",
+                                                        "ampere_sparse")))
+    return checks.run_cases(args.case or list(CASES),
+                            lambda name: run_case(mod, name, CASES[name]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """vLLM's own indexer decode metadata, fed to the Ampere indexer adapter (CPU).
 
 Run in a subprocess by tests/test_vllm_indexer_decode_sm80.py:
-``python tests/vllm_indexer_decode_check.py --tree T [--capability 8.0]`` with
+``python tests/vllm_indexer_decode_check.py --tree T [--capability 8.0] [--device cuda]`` with
 TRITON_INTERPRET=1. The tree is imported under a CUDA platform mocked to the capability
 (tests/vllm_cpu_harness.py, no DeepGEMM). For each batch of :data:`CASES` it
 
@@ -22,17 +22,13 @@ Prints one line ``RESULT {case: {"ok", "calls", "builder": {...}}}``."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import types
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import triton_interp  # noqa: E402
+import vllm_builder_check as checks  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 
 #: name -> (speculative tokens, compress ratio, page size in tokens, V4.1 candidate step
@@ -187,19 +183,8 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
         builder = mla.DeepseekV32IndexerMetadataBuilder(
             spec, ["l.indexer.k_cache"], cfg, torch.device(DEVICE), block_table_width=width)
-    import os
-
-    env = CASE_ENV.get(name, {})
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with checks.with_env(CASE_ENV.get(name, {})):
         md = builder.build(0, _common_metadata(reqs, block_table, page_tokens))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
     if name.startswith("draft_update"):
         md.seq_lens.add_(1)  # the drafter's next position (the common seq_lens, in place)
         builder.update_draft_decode_metadata(md)
@@ -282,59 +267,15 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
             "prefill_calls": prefill_calls, "builder": info}
 
 
-def _load_overlay(modname: str):
-    """Import ``overlay/<modname as path>.py`` under ``modname``."""
-    import importlib.util
-
-    path = ROOT / "overlay" / (modname.replace(".", "/") + ".py")
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", type=Path, required=True)
-    ap.add_argument("--capability", default="8.0")
-    ap.add_argument("--case", action="append", default=[])
+    ap = checks.arg_parser(__doc__)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
-    triton_interp.patch_index()
-    harness._boot(args.tree.resolve(), None)
-    import torch
-
-    from vllm.v1.worker import workspace
-
-    workspace.init_workspace_manager(torch.device(DEVICE))  # the prefill K gather's buffers
-    if DEVICE == "cpu":
-        # Growing the workspace calls torch.accelerator.empty_cache(), which raises without
-        # an accelerator; releasing cached device memory has no CPU meaning.
-        torch.accelerator.empty_cache = lambda: None
-    # The working copy's kernels package and indexer adapter, not the tree's copies (the
-    # tree supplies vLLM; `make apply` need not be rerun after an overlay edit).
-    sys.path.insert(0, str(ROOT / "overlay"))
-    stale = [n for n in sys.modules if n == "deepinfer_sm80" or n.startswith("deepinfer_sm80.")]
-    for name in stale:
-        del sys.modules[name]
-    if (ROOT / "overlay" / "vllm").is_dir():  # (a GPU bundle has the tree's copy only)
-        _load_overlay("vllm.models.deepseek_v4.nvidia.ampere_indexer")
-    harness._CAPABILITY[:] = [int(x) for x in args.capability.split(".")]
-    harness._reset_capability_state()
-    res = {}
-    for name in args.case or list(CASES):
-        try:
-            res[name] = run_case(name, *CASES[name])
-        except Exception as exc:  # reported per case, with where it failed
-            import traceback
-
-            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                         "where": traceback.format_exc().splitlines()[-6:]}
-    print("RESULT " + json.dumps(res, sort_keys=True))
-    return 0
+    checks.boot(args.tree, args.overlay, args.capability,
+                ("vllm.models.deepseek_v4.nvidia.ampere_indexer",), device=DEVICE)
+    return checks.run_cases(args.case or list(CASES), lambda name: run_case(name, *CASES[name]))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,6 @@ Needs vLLM's pure-Python dependencies (tests/vllm_cpu_harness.REQUIRED_MODULES);
 the missing ones. Tree: $DEEPINFER_VLLM_TREE, build/vllm-<version>, or the GPU bundle's
 vllm-tree/."""
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import vllm_builder_check as checks  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 from test_vllm_indexer_decode_sm80 import EXPECTED, check_case  # noqa: E402
 
@@ -40,15 +38,8 @@ def results(ext):
         tree = find_tree(version=harness.VLLM_VERSION)
     except UpstreamImportError as e:
         pytest.skip(str(e))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_indexer_decode_check.py"), "--tree",
-         str(tree), "--capability", "8.0", "--device", "cuda"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=str(ROOT / "tests"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return checks.run_check("vllm_indexer_decode_check.py", tree, "--device", "cuda",
+                            interpret=False, timeout=600)
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))

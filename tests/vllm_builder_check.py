@@ -1,0 +1,151 @@
+"""Shared parts of the checks that run vLLM's own metadata builders into the Ampere adapters
+(tests/vllm_indexer_decode_check.py, vllm_attention_check.py, vllm_v41_attention_check.py)
+and of their pytest wrappers.
+
+In the check (a subprocess): :func:`arg_parser`, :func:`boot` (the tree under the CUDA
+platform mocked to a capability, the working copy's overlay modules over the tree's copies,
+vLLM's workspace manager), :func:`run_cases` (one ``RESULT {json}`` line, a failing case
+reported with where it failed), :func:`with_env`.
+In the wrapper: :func:`applied_tree` and :func:`run_check`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import triton_interp  # noqa: E402
+import vllm_cpu_harness as harness  # noqa: E402
+
+# ------------------------------------------------------------------------------- the check
+
+
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """--tree, --capability, --overlay, --case (repeatable)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True)
+    ap.add_argument("--capability", default="8.0")
+    ap.add_argument("--overlay", type=Path, default=ROOT / "overlay",
+                    help="overlay root to test (default: the working copy's)")
+    ap.add_argument("--case", action="append", default=[])
+    return ap
+
+
+def load_overlay(overlay: Path, modname: str):
+    """Import ``<overlay>/<modname as path>.py`` under ``modname``; where the overlay has no
+    such file (a GPU bundle ships the tree's copy only), the tree's module."""
+    import importlib
+    import importlib.util
+
+    path = overlay / (modname.replace(".", "/") + ".py")
+    if not path.is_file():
+        return importlib.import_module(modname)
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def boot(tree: Path, overlay: Path, capability: str, modules: tuple[str, ...],
+         device: str = "cpu"):
+    """Import the tree under the mocked platform, then the overlay's kernels package and
+    ``modules`` (in order) over the tree's copies (``make apply`` need not be rerun after an
+    overlay edit); start vLLM's workspace manager on ``device``. Returns the last module."""
+    import torch
+
+    triton_interp.patch_index()
+    harness._boot(tree.resolve(), None)
+    sys.path.insert(0, str(overlay.resolve()))
+    for name in [n for n in sys.modules if n.split(".")[0] == "deepinfer_sm80"]:
+        del sys.modules[name]
+    mod = None
+    for name in modules:
+        mod = load_overlay(overlay.resolve(), name)
+    harness._CAPABILITY[:] = [int(x) for x in capability.split(".")]
+    harness._reset_capability_state()
+    from vllm.v1.worker import workspace
+
+    workspace.init_workspace_manager(torch.device(device))
+    if device == "cpu":
+        # Growing the workspace calls torch.accelerator.empty_cache(), which raises without
+        # an accelerator; releasing cached device memory has no CPU meaning.
+        torch.accelerator.empty_cache = lambda: None
+    return mod
+
+
+def run_cases(names: list[str], run: Callable[[str], dict]) -> int:
+    """``run(name)`` for each case; prints ``RESULT {case: result}``, a case that raised as
+    ``{"ok": False, "error", "where"}``."""
+    import traceback
+
+    res = {}
+    for name in names:
+        try:
+            res[name] = run(name)
+        except Exception as exc:  # reported per case, with where it failed
+            res[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "where": traceback.format_exc().splitlines()[-8:]}
+    print("RESULT " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+@contextlib.contextmanager
+def with_env(env: dict[str, str]) -> Iterator[None]:
+    """The environment variables ``env`` set for the block, restored after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+# ----------------------------------------------------------------------------- the wrapper
+
+
+def applied_tree() -> Path:
+    """build/vllm-<version> of the patch set under test; pytest.skip (naming the step)
+    without triton, vLLM's Python dependencies or the tree."""
+    import pytest
+
+    pytest.importorskip("triton", reason="triton is not installed (make venv-torch)")
+    harness.skip_without_dependencies()
+    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
+    if not (tree / "vllm" / "__init__.py").is_file():
+        pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
+    return tree
+
+
+def run_check(script: str, tree: Path, *args: str, interpret: bool = True,
+              timeout: int = 900) -> dict[str, Any]:
+    """Run tests/<script> against ``tree`` (capability 8.0) in a subprocess; its RESULT line.
+    ``interpret``: on the CPU, vLLM's Triton kernels in the interpreter and no CUDA device;
+    else on this machine's GPU."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    if interpret:
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / script), "--tree", str(tree), "--capability", "8.0", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=str(HERE))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
