@@ -3,11 +3,15 @@
 #                                       every bench/bench_*.py (or bench_$(BENCH).py): CUDA-graph medians vs upstream
 #                                       and portable baselines, measured copy bandwidth;
 #                                       writes bench/results/*.json and docs/benchmarks.md
-#   make gpu-bundle [TREE=DIR]          dist/deepinfer-gpu-bundle.tar.gz for an offline GPU box
-#                                       (TREE: vLLM tree, default the applied build/vllm-$(VLLM))
+#   make gpu-bundle [TREE=DIR] [VLLM_DEPS=1]
+#                                       dist/deepinfer-gpu-bundle.tar.gz for an offline GPU box
+#                                       (TREE: vLLM tree, default the applied build/vllm-$(VLLM);
+#                                       VLLM_DEPS=1: with vLLM's Python dependencies, for the
+#                                       vLLM-level GPU checks, about 10 MB more)
 BENCH      ?= *
 BENCH_ARGS ?=
 TREE       ?= build/vllm-$(VLLM)
+VLLM_DEPS  ?=
 
 .PHONY: bench gpu-bundle
 
@@ -20,4 +24,4 @@ bench: $(STAMP_TORCH)
 	done; exit $$rc
 
 gpu-bundle: $(STAMP_TOOL)
-	@$(PY) -m deepinfer.bundle --vllm '$(VLLM)' --tree '$(TREE)'
+	@$(PY) -m deepinfer.bundle --vllm '$(VLLM)' --tree '$(TREE)'$(if $(filter 1 yes true,$(VLLM_DEPS)), --vllm-deps)

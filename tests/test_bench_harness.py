@@ -230,6 +230,106 @@ def test_gpu_bundle_refuses_non_tree_and_unknown_wheels(tmp_path, monkeypatch):
         bundle.build_bundle(_fake_tree(tmp_path / "t"), tmp_path / "x.tar.gz", wheelhouse=wh)
 
 
+def _tiny_wheel(folder: Path, dist: str, module: str, body: str) -> Path:
+    """A minimal, installable pure-Python wheel providing ``module``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {f"{module}/__init__.py": body,
+             f"{dist}-1.0.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {dist}\n"
+                                                "Version: 1.0\n"),
+             f"{dist}-1.0.dist-info/WHEEL": ("Wheel-Version: 1.0\nGenerator: test\n"
+                                             "Root-Is-Purelib: true\nTag: py3-none-any\n")}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist}-1.0.dist-info/RECORD,,")
+    files[f"{dist}-1.0.dist-info/RECORD"] = "\n".join(record) + "\n"
+    path = folder / f"{dist}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_gpu_bundle_vllm_deps_reach_only_the_vllm_level_checks(tmp_path, monkeypatch):
+    """`make gpu-bundle VLLM_DEPS=1`: the wheels go to wheelhouse-vllm/ and BUNDLE.json;
+    setup.sh installs them into .site-vllm/ and its python wrapper names that folder in
+    $DEEPINFER_VLLM_DEPS; the harness then finds a module there and puts the folder first on
+    a vLLM-level check's PYTHONPATH (a folder holding a vllm/ package is left off), while the
+    interpreter's own path does not see it."""
+    pytest.importorskip("rich")
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from deepinfer import bundle
+
+    tree = _fake_tree(tmp_path / "tree")
+    wh, whv = tmp_path / "wh", tmp_path / "whv"
+    wh.mkdir()
+    whv.mkdir()
+    # zmq present here: setup.sh skips this wheel, which is not installable
+    (wh / "pyzmq-27.0.0-cp312-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"not a wheel")
+    _tiny_wheel(whv, "deepinfer_probe_dep", "deepinfer_probe_dep", "WHERE = 'site-vllm'\n")
+    # a no-dependencies extra whose module this machine has (the CPU suite's venv has
+    # xgrammar): setup.sh must leave it out
+    (whv / "no-deps").mkdir()
+    _tiny_wheel(whv / "no-deps", "xgrammar", "xgrammar", "raise ImportError('shadowed')\n")
+    out = tmp_path / "b.tar.gz"
+    m = bundle.build_bundle(tree, out, wheelhouse=wh, vllm_deps_wheelhouse=whv)
+    assert sorted(m["vllm_deps_wheels"]) == ["deepinfer_probe_dep-1.0-py3-none-any.whl",
+                                              "xgrammar-1.0-py3-none-any.whl"]
+    with tarfile.open(out) as tar:
+        tar.extractall(tmp_path / "u", filter="data")
+    top = tmp_path / "u" / bundle.TOP
+    assert (top / "wheelhouse-vllm" / "deepinfer_probe_dep-1.0-py3-none-any.whl").is_file()
+    assert (top / "wheelhouse-vllm/MODULES").read_text() == "xgrammar-1.0-py3-none-any.whl xgrammar\n"
+    pytest.importorskip("zmq")
+    pytest.importorskip("xgrammar")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEEPINFER_VLLM_DEPS")}
+    r = subprocess.run(["bash", "setup.sh"], cwd=top, env=dict(env, PYTHON=sys.executable),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (top / ".site-vllm" / "deepinfer_probe_dep" / "__init__.py").is_file()
+    assert not (top / ".site-vllm" / "xgrammar").exists()
+    assert "xgrammar already importable, skipping xgrammar-1.0-py3-none-any.whl" in r.stdout
+    code = textwrap.dedent(f"""
+        import importlib.util, os, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        os.environ["PYTHONPATH"] = os.pathsep.join([{str(ROOT / "overlay")!r}, "/x"])
+        import vllm_cpu_harness as h
+        print(os.environ.get("DEEPINFER_VLLM_DEPS"))
+        print(importlib.util.find_spec("deepinfer_probe_dep") is None)
+        h.REQUIRED_MODULES = ("deepinfer_probe_dep",)
+        print(h.missing_dependencies(), importlib.util.find_spec("deepinfer_probe_dep") is None)
+        print(h.subprocess_pythonpath())
+        """)
+    r = subprocess.run([str(top / ".venv/bin/python"), "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = str(top / ".site-vllm")
+    assert r.stdout.splitlines()[-4:] == [site, "True", "[] True", os.pathsep.join([site, "/x"])]
+
+
+def test_bundle_vllm_deps_follow_pyproject():
+    """bundle.VLLM_DEPS carries the bounds of pyproject's vllm-cpu-deps (the CPU tests' set):
+    each spec appears there as written."""
+    import re
+
+    pytest.importorskip("rich")
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split("vllm-cpu-deps = [", 1)[1].split("]", 1)[0]
+    declared = {re.sub(r"\s+", "", s) for s in re.findall(r'"([^"]+)"', block)}
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from deepinfer.bundle import VLLM_DEPS
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert VLLM_DEPS and not [s for s in VLLM_DEPS if s.replace(" ", "") not in declared]
+
+
 def test_bench_cache_leaves_out_upstream_gather_below_sm89(monkeypatch):
     """Upstream's gather decodes through tl.float8e4nv (SM89+): on an A100 / A6000 the bench
     must leave its rows out with a reason instead of failing every gather row."""

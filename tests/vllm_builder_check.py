@@ -5,7 +5,7 @@ and of their pytest wrappers.
 In the check (a subprocess): :func:`arg_parser`, :func:`boot` (the tree under the CUDA
 platform mocked to a capability, the working copy's overlay modules over the tree's copies,
 vLLM's workspace manager), :func:`run_cases` (one ``RESULT {json}`` line, a failing case
-reported with where it failed), :func:`with_env`.
+reported with where it failed), :func:`with_env`, :func:`require_extension_ops`.
 In the wrapper: :func:`applied_tree` and :func:`run_check`."""
 
 from __future__ import annotations
@@ -85,6 +85,15 @@ def boot(tree: Path, overlay: Path, capability: str, modules: tuple[str, ...],
     return mod
 
 
+def require_extension_ops(ops, device: str) -> None:
+    """On CUDA: every step of ``ops`` (deepinfer_sm80.ampere.layer.AmpereOps) is this
+    project's CUDA extension op (``deepinfer_sm80.ops.*``), not a portable fallback, which
+    ``resolve_ops`` takes silently where the extension does not load. Nothing on the CPU."""
+    if device != "cpu":
+        other = {k: v for k, v in ops.source.items() if not v.startswith("deepinfer_sm80.ops.")}
+        assert not other, f"not the CUDA extension's ops on {device}: {other}"
+
+
 def run_cases(names: list[str], run: Callable[[str], dict]) -> int:
     """``run(name)`` for each case; prints ``RESULT {case: result}``, a case that raised as
     ``{"ok": False, "error", "where"}``."""
@@ -139,6 +148,9 @@ def run_check(script: str, tree: Path, *args: str, interpret: bool = True,
     else on this machine's GPU."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTHONPATH", None)
+    pythonpath = harness.subprocess_pythonpath()  # vLLM's deps of a GPU bundle, its .site
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     if interpret:
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     else:

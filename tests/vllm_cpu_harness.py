@@ -75,18 +75,44 @@ _STUB_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+def deps_paths() -> list[str]:
+    """Where vLLM's Python dependencies live apart from this interpreter's packages:
+    ``$DEEPINFER_VLLM_DEPS`` (os.pathsep-separated; the GPU bundle's ``.site-vllm/``, which
+    its setup.sh fills from ``make gpu-bundle VLLM_DEPS=1``). The vLLM-level checks'
+    subprocesses put these first on their path (:func:`subprocess_pythonpath`)."""
+    raw = os.environ.get("DEEPINFER_VLLM_DEPS", "")
+    return [p for p in raw.split(os.pathsep) if p and Path(p).is_dir()]
+
+
+def subprocess_pythonpath() -> str | None:
+    """PYTHONPATH for a subprocess that imports an applied tree: :func:`deps_paths`, then
+    this process's PYTHONPATH without folders holding a ``vllm`` package (the overlay's
+    ``vllm/`` would shadow the tree's); None when that leaves nothing."""
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not (Path(p) / "vllm").is_dir()]
+    parts = deps_paths() + keep
+    return os.pathsep.join(parts) if parts else None
+
+
 def missing_dependencies() -> list[str]:
-    """Names from :data:`REQUIRED_MODULES` that do not import here."""
+    """Names from :data:`REQUIRED_MODULES` that import neither here nor from
+    :func:`deps_paths`."""
     import importlib.util
 
-    missing = []
-    for name in REQUIRED_MODULES + ("torch",):
-        try:
-            if importlib.util.find_spec(name) is None:
+    extra = [p for p in deps_paths() if p not in sys.path]
+    sys.path[:0] = extra
+    try:
+        missing = []
+        for name in REQUIRED_MODULES + ("torch",):
+            try:
+                if importlib.util.find_spec(name) is None:
+                    missing.append(name)
+            except (ImportError, ValueError):
                 missing.append(name)
-        except (ImportError, ValueError):
-            missing.append(name)
-    return missing
+        return missing
+    finally:
+        for p in extra:
+            sys.path.remove(p)
 
 
 def make_fake_packages(root: Path, names: tuple[str, ...] = ("cutlass", "deep_gemm")) -> Path:

@@ -17,6 +17,11 @@ Contents (top folder ``deepinfer-gpu-bundle/``):
   reaches and a stock GPU image lacks, for the GPU box's Python (default CPython 3.12,
   manylinux x86_64). ``setup.sh`` installs only those whose module is missing, into
   ``.site/`` (``--no-index``);
+- ``wheelhouse-vllm/`` (``--vllm-deps``, ``make gpu-bundle VLLM_DEPS=1``): :data:`VLLM_DEPS`
+  resolved with their dependencies for the GPU box's Python. ``setup.sh`` installs all of them
+  into ``.site-vllm/``, which only the vLLM-level checks put on their path
+  (``$DEEPINFER_VLLM_DEPS``; tests/gpu/test_vllm_*_gpu.py: vLLM's own metadata builders into
+  the Ampere adapters and this project's CUDA kernels); without it those checks skip;
 - ``BUNDLE.json``: versions, sources, the index the wheels came from, sha256 of each wheel.
 
 The wheels are fetched with ``pip download`` through pip's own configuration (the index is
@@ -50,6 +55,23 @@ DEFAULT_OUT = REPO / "dist" / "deepinfer-gpu-bundle.tar.gz"
 # only the parent packages registered as empty modules (bench/upstream_import.py): of the
 # modules that chain reaches, the stock GPU image lacks only these.
 WHEELS = {"pyzmq": "zmq"}
+
+# vLLM's Python dependencies that the vLLM-level GPU checks reach (importing the applied tree
+# under tests/vllm_cpu_harness.py) and the stock GPU image lacks: the nine of
+# REQUIRED_MODULES that their skip message named on the device image (2026-12-03). Bounds are
+# pyproject.toml's vllm-cpu-deps (vLLM 0.33.0's requirements/common.txt); a CPU test keeps
+# the two in step. Resolved with their dependencies, so the set is the one pip would install.
+VLLM_DEPS = ("pydantic>=2.12", "cbor2", "openai-harmony", "openai>=2.25", "pybase64",
+             "cachetools", "msgspec", "fastapi>=0.133,<0.137", "partial-json-parser")
+# ... and those the same import chain reaches beyond REQUIRED_MODULES (vLLM's structured
+# output imports xgrammar, and llguidance through a LazyLoader that a class annotation
+# resolves, at module level: found on the device image 2026-12-03), taken
+# without their dependencies (xgrammar's include torch and transformers) -> module. setup.sh
+# installs one only where the machine lacks the module. apache-tvm-ffi and ml_dtypes are
+# xgrammar's, at the versions the CPU suite's venv resolves.
+VLLM_DEPS_NO_DEPS = {"xgrammar==0.2.8": "xgrammar", "llguidance>=1.7,<1.8": "llguidance",
+                     "apache-tvm-ffi==0.1.11": "tvm_ffi", "ml_dtypes==0.7.0": "ml_dtypes",
+                     "uvloop": "uvloop"}
 
 # CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
 # vLLM's SWA writer, the hash-layer MoE router, the indexer K gather and the headers they
@@ -94,9 +116,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: installed ${missing[*]} into .site/"
 fi
 here=$(pwd)
+vllm_deps=""
+if [ -d wheelhouse-vllm ]; then
+  # the whole resolved set, apart from the machine's packages: only the vLLM-level checks'
+  # subprocesses put it on their path ($DEEPINFER_VLLM_DEPS)
+  rm -rf .site-vllm
+  extra=()
+  while read -r whl mod; do
+    [ -n "$whl" ] || continue
+    if PYTHONPATH=.site "$PYTHON" -c "import $mod" 2>/dev/null; then
+      echo "setup.sh: $mod already importable, skipping $whl"
+    else
+      extra+=("wheelhouse-vllm/no-deps/$whl")
+    fi
+  done < wheelhouse-vllm/MODULES
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target .site-vllm \
+    wheelhouse-vllm/*.whl "${extra[@]}"
+  echo "setup.sh: vLLM's Python dependencies installed into .site-vllm/ ($(ls wheelhouse-vllm/*.whl | wc -l) + ${#extra[@]} wheels)"
+  vllm_deps="DEEPINFER_VLLM_DEPS=$here/.site-vllm; export DEEPINFER_VLLM_DEPS"
+fi
 py=$(command -v "$PYTHON")
 cat > .venv/bin/python <<EOF
 #!/bin/sh
+$vllm_deps
 PYTHONPATH="$here/.site:$here/tools:$here/overlay\${PYTHONPATH:+:\$PYTHONPATH}" exec "$py" "\$@"
 EOF
 chmod +x .venv/bin/python
@@ -147,12 +189,15 @@ def _pip_index() -> str:
         return "(pip's default index)"
 
 
-def download_wheels(dest: Path, specs: dict[str, str], python_version: str, platforms: list[str]
-                    ) -> list[Path]:
-    """``pip download --no-deps --only-binary=:all:`` each spec for the target Python."""
+def download_wheels(dest: Path, specs: dict[str, str], python_version: str, platforms: list[str],
+                    *, deps: bool = False) -> list[Path]:
+    """``pip download --only-binary=:all:`` each spec for the target Python; ``--no-deps``
+    unless ``deps`` (then the resolved set with every dependency)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
            "--python-version", python_version, "--implementation", "cp", "-d", str(dest)]
+    if not deps:
+        cmd.insert(5, "--no-deps")
     for p in platforms:
         cmd += ["--platform", p]
     cmd += list(specs)
@@ -165,10 +210,27 @@ def download_wheels(dest: Path, specs: dict[str, str], python_version: str, plat
             details=proc.stderr.strip().splitlines()[-8:])
     wheels = sorted(dest.glob("*.whl"))
     for spec in specs:
-        base = spec.split("=")[0].split("<")[0].split(">")[0].strip().lower().replace("-", "_")
+        base = _dist_name(spec)
         if not any(w.name.lower().startswith(base + "-") for w in wheels):
             raise DeepinferError(f"no wheel for {spec} in {dest} after pip download")
     return wheels
+
+
+def _dist_name(spec: str) -> str:
+    """Normalised distribution name of a requirement spec (as wheel file names spell it)."""
+    return re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0].strip().lower().replace("-", "_")
+
+
+def _with_modules(wheels: list[Path], specs: dict[str, str]) -> list[tuple[Path, str]]:
+    """(wheel, module) for each wheel, the module from the spec of its distribution."""
+    by_dist = {_dist_name(spec): mod for spec, mod in specs.items()}
+    out = []
+    for w in wheels:
+        mod = by_dist.get(w.name.split("-")[0].lower())
+        if mod is None:
+            raise DeepinferError(f"unexpected wheel {w.name}: not one of {sorted(specs)}")
+        out.append((w, mod))
+    return out
 
 
 def _add_tree(tar: tarfile.TarFile, src: Path, arc: str, only_py: bool = False) -> int:
@@ -223,13 +285,17 @@ def _tree_version(tree: Path) -> str:
 
 def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None = None,
                  python_version: str = "3.12",
-                 platforms: list[str] | None = None) -> dict:
+                 platforms: list[str] | None = None, vllm_deps: bool = False,
+                 vllm_deps_wheelhouse: Path | None = None) -> dict:
     """Write the archive; returns the manifest (also stored as BUNDLE.json inside)."""
     tree = tree.resolve()
     if not (tree / "vllm" / "__init__.py").is_file():
         raise DeepinferError(f"{tree} is not a vLLM source tree (no vllm/__init__.py)",
                              hint="run `make apply` first, or pass TREE=<unpacked vLLM sdist>")
-    platforms = platforms or ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+    # glibc 2.31 and newer (Ubuntu 20.04 on; the device image is 24.04): llguidance 1.7's
+    # only Linux wheel is manylinux_2_31
+    platforms = platforms or ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+                              "manylinux_2_27_x86_64",
                               "manylinux_2_26_x86_64", "manylinux_2_17_x86_64",
                               "manylinux2014_x86_64"]
     with tempfile.TemporaryDirectory(prefix="deepinfer-bundle-") as tmp:
@@ -247,6 +313,20 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
             if mod is None:
                 raise DeepinferError(f"unexpected wheel {w.name}: not one of {sorted(WHEELS)}")
             modules.append((w.name, mod))
+        vllm_wheels: list[Path] = []
+        vllm_extra: list[tuple[Path, str]] = []  # (wheel, module), no dependencies
+        if vllm_deps_wheelhouse is not None:
+            vllm_wheels = sorted(Path(vllm_deps_wheelhouse).glob("*.whl"))
+            if not vllm_wheels:
+                raise DeepinferError(f"no wheels in {vllm_deps_wheelhouse}")
+            vllm_extra = _with_modules(sorted(Path(vllm_deps_wheelhouse).glob("no-deps/*.whl")),
+                                       VLLM_DEPS_NO_DEPS)
+        elif vllm_deps:
+            vllm_wheels = download_wheels(Path(tmp) / "wh-vllm", dict.fromkeys(VLLM_DEPS, ""),
+                                          python_version, platforms, deps=True)
+            vllm_extra = _with_modules(
+                download_wheels(Path(tmp) / "wh-vllm-nodeps", dict(VLLM_DEPS_NO_DEPS),
+                                python_version, platforms), VLLM_DEPS_NO_DEPS)
         manifest = {
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "repo_commit": _git_head(),
@@ -255,6 +335,8 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
             "vllm_version": _tree_version(tree),
             "target_python": python_version, "platforms": platforms, "index": index,
             "wheels": {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels},
+            "vllm_deps_wheels": {w.name: hashlib.sha256(w.read_bytes()).hexdigest()
+                                 for w in vllm_wheels + [w for w, _ in vllm_extra]},
         }
         out.parent.mkdir(parents=True, exist_ok=True)
         part = out.with_suffix(out.suffix + ".part")
@@ -271,6 +353,13 @@ def build_bundle(tree: Path, out: Path = DEFAULT_OUT, *, wheelhouse: Path | None
                 tar.add(tree / "LICENSE", arcname=f"{TOP}/vllm-tree/LICENSE")
             for w in wheels:
                 tar.add(w, arcname=f"{TOP}/wheelhouse/{w.name}")
+            for w in vllm_wheels:
+                tar.add(w, arcname=f"{TOP}/wheelhouse-vllm/{w.name}")
+            for w, _ in vllm_extra:
+                tar.add(w, arcname=f"{TOP}/wheelhouse-vllm/no-deps/{w.name}")
+            if vllm_wheels:
+                _add_bytes(tar, f"{TOP}/wheelhouse-vllm/MODULES",
+                           "".join(f"{w.name} {m}\n" for w, m in vllm_extra).encode())
             _add_bytes(tar, f"{TOP}/wheelhouse/MODULES",
                        "".join(f"{w} {m}\n" for w, m in modules).encode())
             _add_bytes(tar, f"{TOP}/setup.sh", SETUP_SH.encode(), 0o755)
@@ -295,11 +384,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--wheelhouse", help="use these wheels instead of pip download")
     ap.add_argument("--python-version", default="3.12", help="the GPU box's Python (default 3.12)")
+    ap.add_argument("--vllm-deps", action="store_true",
+                    help="add wheelhouse-vllm/: vLLM's Python dependencies for the vLLM-level "
+                         "GPU checks (VLLM_DEPS, resolved with their dependencies)")
+    ap.add_argument("--vllm-deps-wheelhouse", help="take those wheels from this folder")
     args = ap.parse_args(argv)
     tree = Path(args.tree) if args.tree else REPO / "build" / f"vllm-{args.vllm}"
     try:
         m = build_bundle(tree, Path(args.out), python_version=args.python_version,
-                         wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None)
+                         wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
+                         vllm_deps=args.vllm_deps,
+                         vllm_deps_wheelhouse=(Path(args.vllm_deps_wheelhouse)
+                                               if args.vllm_deps_wheelhouse else None))
     except DeepinferError as e:
         from .console import report_error
 
@@ -307,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     console.print(f"gpu-bundle: {m['path']} ({m['size_bytes'] / 1e6:.1f} MB; "
                   f"{m['vllm_py_files']} vLLM .py files from {m['vllm_tree']}; "
-                  f"wheels: {', '.join(m['wheels']) or 'none'})")
+                  f"wheels: {', '.join(m['wheels']) or 'none'}"
+                  + (f"; {len(m['vllm_deps_wheels'])} vLLM dependency wheels"
+                     if m["vllm_deps_wheels"] else "") + ")")
     return 0
 
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The vLLM-level GPU checks: vLLM's own metadata builders (the applied tree, platform mocked
+# to capability 8.0, their Triton kernels compiled for this GPU) into the Ampere adapters
+# and this project's CUDA kernels, against float64 oracles (tests/gpu/test_vllm_*_gpu.py).
+# Here:   make gpu-bundle VLLM_DEPS=1; carry dist (without VLLM_DEPS the checks skip).
+# There:  bash scripts/device/vllm_level.sh [all]
+#   (default) the vLLM-level GPU checks only;  all: every GPU test (tests/gpu)
+# VL_PROBE=1 first lists the modules the checks' import chain lacks here
+# (scripts/device/vllm_missing_modules.py).
+# Logs come back in $OUT/vllm-level-logs.tgz.
+set -uo pipefail
+MODE=${1:-checks}
+source "$(dirname "$0")/bundle_env.sh" vllm-level
+if [ "${VL_PROBE:-0}" = 1 ]; then
+  timeout 300 $PY scripts/device/vllm_missing_modules.py 2>&1 | tee "$OUT/probe.log"
+fi
+t0=$SECONDS
+TESTS=(tests/gpu/test_vllm_indexer_decode_gpu.py tests/gpu/test_vllm_attention_gpu.py
+       tests/gpu/test_vllm_v41_attention_gpu.py)
+[ "$MODE" = all ] && TESTS=(tests/gpu)
+existing=(); for t in "${TESTS[@]}"; do [ -e "$t" ] && existing+=("$t"); done
+timeout 540 $PY -m pytest -q -rs -p no:cacheprovider "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+tail -25 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
+echo "=== gpu tests ($MODE) rc=$rc ($((SECONDS - t0)) s)"
+echo "vllm_level.sh rc=$rc"; exit $rc
