@@ -34,6 +34,10 @@ TOL = 2e-2
 CONTROLS = ("control_gather_len", "control_swa_len", "control_token_to_req",
             "control_no_replay_start", "control_v4_combine_first_chunk",
             "control_v4_combine_later_chunk")
+#: The controls that break the replay (no replay start, V4's combine): exactly the tokens
+#: whose window reaches below their replay start fail.
+REPLAY_CONTROLS = ("control_no_replay_start", "control_v4_combine_first_chunk",
+                   "control_v4_combine_later_chunk")
 
 #: case -> (num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens) per step.
 SPLITS = {
@@ -65,6 +69,20 @@ def test_every_case_ran(results):
 @pytest.mark.parametrize("case", sorted(SPLITS))
 def test_every_token_matches_the_oracle(results, case):
     """Each real token's output against the float64 oracle, in vLLM's own split."""
+    check_case(results, case)
+
+
+@pytest.mark.parametrize("case", CONTROLS)
+def test_the_check_can_fail(results, case):
+    """One metadata value off, no replay start, or V4's combine: the oracle comparison
+    (not a crash) reports the affected tokens."""
+    check_control(results, case)
+
+
+def check_case(results, case):
+    """Every real token of every step within TOL of the oracle, vLLM's split of the step
+    as :data:`SPLITS` says, padded rows finite, the builder given the model state's replay
+    starts. (Shared with the GPU variant.)"""
     r = results[case]
     assert "error" not in r, r
     assert r["ok"] and r["max_rel_err"] <= TOL, r
@@ -78,18 +96,16 @@ def test_every_token_matches_the_oracle(results, case):
         assert step["md_replay_start"] == step["replay_start"], step
 
 
-@pytest.mark.parametrize("case", CONTROLS)
-def test_the_check_can_fail(results, case):
-    """One metadata value off, no replay start, or V4's combine: the oracle comparison
-    (not a crash) reports the affected tokens."""
+def check_control(results, case):
+    """A negative control reported failed by the oracle comparison, not by an error.
+    (Shared with the GPU variant.)"""
     r = results[case]
     assert "error" not in r, r
     assert not r["ok"] and r["max_rel_err"] > TOL, r
     assert any(step["bad_tokens"] for step in r["steps"]), r
 
 
-@pytest.mark.parametrize("case", ["control_no_replay_start", "control_v4_combine_first_chunk",
-                                  "control_v4_combine_later_chunk"])
+@pytest.mark.parametrize("case", REPLAY_CONTROLS)
 def test_replay_controls_fail_on_the_replayed_window(results, case):
     """Without the replay start, or with V4's combine, exactly the tokens whose window
     reaches below their request's replay start go wrong."""

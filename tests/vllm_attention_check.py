@@ -2,25 +2,28 @@
 
 Run in a subprocess by tests/test_vllm_attention_sm80.py:
 ``python tests/vllm_attention_check.py --tree T [--capability 8.0] [--overlay DIR]`` with
-TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="". The tree is imported under a CUDA platform
-mocked to the capability (tests/vllm_cpu_harness.py). For every step of every case in
-:data:`CASES` it
+TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="", and with ``--device cuda`` on a GPU by
+tests/gpu/test_vllm_attention_gpu.py (the model runner's tensors, the world and the builders
+on the GPU, vLLM's Triton kernels compiled, this project's CUDA ops; host copies where vLLM
+keeps them on the host). The tree is imported under a CUDA platform mocked to the capability
+(tests/vllm_cpu_harness.py). For every step of every case in :data:`CASES` it
 
 1. lays a batch out as vLLM's GPU model runner (V2) does: requests in order (decodes
    first), per-request query lengths, CUDA-graph padding requests (query length 0,
    seq_len 0) and padded tokens (slot -1, stale positions) at the end, one block table
    per KV-cache group (SWA pages of 64 tokens, compressed pages of 256 tokens), each as
    wide as max_model_len with stale page ids past a request's pages;
-2. builds the metadata with vLLM's own builders, on the CPU, their Triton kernels run by
-   the interpreter: ``DeepseekSparseSWAAmpereMetadataBuilder`` (the overlay's subclass of
-   ``DeepseekSparseSWAMetadataBuilder``, what ``DeepseekSparseSWAAmpereBackend`` returns)
-   for the SWA group and, for a C4A / C128A layer, the builder class that
-   ``DeepseekV4AmpereSparseMLABackend.get_builder_cls()`` returns for the compressed group
+2. builds the metadata with vLLM's own builders, on DEVICE (on the CPU their Triton
+   kernels run by the interpreter): ``DeepseekSparseSWAAmpereMetadataBuilder`` (the
+   overlay's subclass of ``DeepseekSparseSWAMetadataBuilder``, what
+   ``DeepseekSparseSWAAmpereBackend`` returns) for the SWA group and, for a C4A / C128A
+   layer, the builder class that ``DeepseekV4AmpereSparseMLABackend.get_builder_cls()``
+   returns for the compressed group
    (C128A: ``c128a_global_decode_topk_indices`` / ``c128a_decode_topk_lens`` /
    ``c128a_prefill_topk_indices``);
 3. runs ``DeepseekV4AmpereSparseAttention.forward_mqa`` of the working copy's overlay on
-   that metadata (portable ops on the CPU; prefill scratch from vLLM's own workspace
-   manager) into a NaN-poisoned output;
+   that metadata (portable ops on the CPU, the CUDA extension's on cuda; prefill scratch
+   from vLLM's own workspace manager) into a NaN-poisoned output;
 4. compares every real token with the float64 oracle (tests/layer_cases.oracle_token:
    the causal window of the token plus the compressed entries it selects, with the
    attention sink; DSpark's non-causal block: :func:`oracle_noncausal`).
@@ -49,6 +52,10 @@ C_PAGE = 256               # compressed-group page, tokens (V4's sparse-MLA kern
 SWA_PREFIX = "model.layers.0.attn.swa_cache"
 ATTN_PREFIX = "model.layers.0.attn"
 MAX_BATCHED = 256          # scheduler max_num_batched_tokens
+#: Where the world, the model runner's tensors, the builders and the ops live: "cpu"
+#: (portable ops, Triton interpreter) or "cuda" (--device cuda). Values are drawn from CPU
+#: generators either way (the same numbers on both devices).
+DEVICE = "cpu"
 
 #: name -> case. ``ratio``: 1 (SWA only), 4 (C4A), 128 (C128A); ``spec``: speculative
 #: tokens (decode_threshold = 1 + spec); ``dspark``: DSpark draft step (causal=False);
@@ -173,7 +180,7 @@ def _builders(mod, cfg, ratio: int):
         dtype=torch.uint8, sliding_window=128, cache_dtype_str="fp8_ds_mla",
         alignment=576, model_version="deepseek_v4")
     cls = mod.DeepseekV4AmpereSparseAttention.swa_backend_cls.get_builder_cls()
-    swa = cls(swa_spec, [SWA_PREFIX], cfg, torch.device("cpu"))
+    swa = cls(swa_spec, [SWA_PREFIX], cfg, torch.device(DEVICE))
     if ratio == 1:
         return swa, None
     c_spec = MLAAttentionSpec(
@@ -181,7 +188,7 @@ def _builders(mod, cfg, ratio: int):
         dtype=torch.uint8, tokens_per_state=ratio, cache_dtype_str="fp8_ds_mla",
         alignment=576, model_version="deepseek_v4")
     mcls = mod.DeepseekV4AmpereSparseAttention.backend_cls.get_builder_cls()
-    return swa, mcls(c_spec, [ATTN_PREFIX], cfg, torch.device("cpu"))
+    return swa, mcls(c_spec, [ATTN_PREFIX], cfg, torch.device(DEVICE))
 
 
 # --------------------------------------------------------------------------- batch
@@ -190,20 +197,23 @@ def _builders(mod, cfg, ratio: int):
 def _wide_table(compact, used: list[int], width: int, npages: int, g):
     """``compact`` (layer_cases' block table) widened to ``width`` columns (max_model_len
     wide, as vLLM's are), every column past a request's ``used`` pages holding a stale
-    page id: an adapter that reads past a request's context reads other data."""
+    page id: an adapter that reads past a request's context reads other data. Drawn on
+    the CPU, returned on DEVICE."""
     import torch
 
+    compact = compact.cpu()
     rows = len(used)
     bt = torch.randint(0, npages, (rows, width), generator=g, dtype=torch.int32)
     for r, n in enumerate(used):
         bt[r, :n] = compact[r, :n]
-    return bt
+    return bt.to(DEVICE)
 
 
 def _batch(w, reqs, pad: int, case: dict, g):
-    """The model runner's tensors for one step: per group block tables and slot
+    """The model runner's tensors for one step, on DEVICE: per group block tables and slot
     mappings, query_start_loc (padding requests end at the real token count), seq_lens,
-    positions (padded tokens: stale positions)."""
+    positions (padded tokens: stale positions); host copies ``qsl_cpu`` / ``seq_cpu`` of
+    query_start_loc and seq_lens (vLLM's query_start_loc_cpu / seq_lens_cpu_upper_bound)."""
     import torch
 
     real = [(r, s, q) for r, (s, q) in enumerate(reqs) if q > 0]
@@ -220,9 +230,12 @@ def _batch(w, reqs, pad: int, case: dict, g):
     swa_used = [-(-s // SWA_BS) if q else 0 for s, q in reqs]
     bt_swa = _wide_table(_pad_rows(w.swa_bt, nreq), swa_used, mml // SWA_BS,
                          w.swa_cache.shape[0], g)
-    b = types.SimpleNamespace(reqs=reqs, toks=toks, ntok=ntok, qsl=qsl, bt_swa=bt_swa)
-    b.seq = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
-    b.positions = torch.tensor([p for _, p in toks] + [mml // 3] * pad, dtype=torch.int64)
+    b = types.SimpleNamespace(reqs=reqs, toks=toks, ntok=ntok, qsl=qsl.to(DEVICE),
+                              qsl_cpu=qsl, bt_swa=bt_swa)
+    b.seq_cpu = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
+    b.seq = b.seq_cpu.to(DEVICE)
+    b.positions = torch.tensor([p for _, p in toks] + [mml // 3] * pad, dtype=torch.int64,
+                               device=DEVICE)
     b.slots_swa = _slots(toks, pad, bt_swa, SWA_BS)
     if w.compressed:
         cbs = w.cbs
@@ -244,11 +257,12 @@ def _pad_rows(bt, nreq: int):
 
 def _slots(toks, pad: int, bt, page: int):
     """Token-level slot mapping of one KV-cache group (``block * page + offset``), -1
-    for padded tokens (vLLM's PAD_SLOT_ID)."""
+    for padded tokens (vLLM's PAD_SLOT_ID); on DEVICE."""
     import torch
 
+    bt = bt.cpu()
     s = [int(bt[r, p // page]) * page + p % page for r, p in toks] + [-1] * pad
-    return torch.tensor(s, dtype=torch.int64)
+    return torch.tensor(s, dtype=torch.int64, device=DEVICE)
 
 
 def _common(b, bt, slots, causal: bool):
@@ -258,10 +272,10 @@ def _common(b, bt, slots, causal: bool):
 
     qlens = [q for _, q in b.reqs]
     return CommonAttentionMetadata(
-        query_start_loc=b.qsl, query_start_loc_cpu=b.qsl.clone(), seq_lens=b.seq,
+        query_start_loc=b.qsl, query_start_loc_cpu=b.qsl_cpu.clone(), seq_lens=b.seq,
         num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
-        max_seq_len=int(b.seq.max()), block_table_tensor=bt, slot_mapping=slots,
-        causal=causal, positions=b.positions, seq_lens_cpu_upper_bound=b.seq.clone())
+        max_seq_len=int(b.seq_cpu.max()), block_table_tensor=bt, slot_mapping=slots,
+        causal=causal, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
 
 
 # --------------------------------------------------------------------------- layer
@@ -278,12 +292,13 @@ def _layer(mod, w, ratio: int, topk_buf, chunk: int):
     torch.nn.Module.__init__(layer)
     layer.prefix, layer.compress_ratio = ATTN_PREFIX, ratio
     layer.swa_cache_layer = types.SimpleNamespace(prefix=SWA_PREFIX, kv_cache=w.swa_cache)
-    layer.kv_cache = w.c_cache if w.compressed else torch.tensor([])
+    layer.kv_cache = w.c_cache if w.compressed else torch.tensor([], device=DEVICE)
     layer.topk_indices_buffer = topk_buf
     layer.window_size, layer.max_image_tokens, layer.max_model_len = 128, 0, 4096
     layer.scale, layer.attn_sink = w.scale, w.attn_sink
     layer.PREFILL_CHUNK_SIZE, layer.max_num_batched_tokens = chunk, MAX_BATCHED
-    layer._ampere_ops = L.resolve_ops("cpu")
+    layer._ampere_ops = L.resolve_ops(DEVICE)
+    checks.require_extension_ops(layer._ampere_ops, DEVICE)
     return layer
 
 
@@ -291,17 +306,18 @@ def _topk_buffer(w, b, ratio: int, g):
     """The indexer's output buffer [max_num_batched_tokens, 512]: C4A rows of random
     distinct request-local indices below (pos + 1) // 4 (-1 after); stale values for
     padded tokens (masked by is_valid_token) and past the batch (never read: an
-    out-of-range page if they were); all -1 for other layers (unused)."""
+    out-of-range page if they were); all -1 for other layers (unused). Drawn on the CPU,
+    returned on DEVICE."""
     import torch
 
     import layer_cases as C
 
     buf = torch.full((MAX_BATCHED, C.TOPK), -1, dtype=torch.int32)
     if ratio == 4:
-        buf[: len(b.toks)] = C.v41_topk(w, [p for _, p in b.toks], g)
+        buf[: len(b.toks)] = C.v41_topk(w, [p for _, p in b.toks], g).cpu()
         buf[len(b.toks):] = torch.randint(0, 1 << 20, (MAX_BATCHED - len(b.toks), C.TOPK),
                                           generator=g, dtype=torch.int32)
-    return buf
+    return buf.to(DEVICE)
 
 
 # --------------------------------------------------------------------------- oracle
@@ -315,7 +331,7 @@ def oracle_noncausal(w, r: int, lo: int, hi: int, q):
 
     import layer_cases as C
 
-    p = torch.arange(lo, hi)
+    p = torch.arange(lo, hi, device=w.device)
     slots = w.swa_bt[r, p // C.SWA_BS].long() * C.SWA_BS + p % C.SWA_BS
     rows = C.read_fp8_ds_mla_rows(w.swa_cache, slots, torch.float64)
     s = (q.double() @ rows.t()) * w.scale
@@ -426,7 +442,7 @@ def _world(case: dict):
     n = max(len(reqs) for reqs, _ in steps)
     longest = [max([reqs[r][0] for reqs, _ in steps if r < len(reqs)] + [1])
                for r in range(n)]
-    return C.build_world(ratio=case["ratio"], seq_lens=longest, heads=HEADS, device="cpu",
+    return C.build_world(ratio=case["ratio"], seq_lens=longest, heads=HEADS, device=DEVICE,
                          seed=len(steps) * 7 + case["ratio"])
 
 
@@ -445,10 +461,14 @@ def run_case(mod, name: str, case: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    args = checks.arg_parser(__doc__).parse_args(argv)
+    ap = checks.arg_parser(__doc__)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     mod = checks.boot(args.tree, args.overlay, args.capability, tuple(
         f"vllm.models.deepseek_v4.nvidia.{m}" for m in ("ampere_ops", "ampere_indexer",
-                                                        "ampere_sparse")))
+                                                        "ampere_sparse")), device=DEVICE)
     return checks.run_cases(args.case or list(CASES),
                             lambda name: run_case(mod, name, CASES[name]))
 

@@ -2,8 +2,11 @@
 
 Run in a subprocess by tests/test_vllm_v41_attention_sm80.py:
 ``python tests/vllm_v41_attention_check.py --tree T [--capability 8.0] [--overlay DIR]`` with
-TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="". The tree is imported under a CUDA platform
-mocked to the capability (tests/vllm_cpu_harness.py). The V4.1 sibling of
+TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="", and with ``--device cuda`` on a GPU by
+tests/gpu/test_vllm_v41_attention_gpu.py (the model runner's and the model state's tensors,
+the world and the builders on the GPU, vLLM's Triton kernels compiled, this project's CUDA
+ops; host copies where vLLM keeps them on the host). The tree is imported under a CUDA
+platform mocked to the capability (tests/vllm_cpu_harness.py). The V4.1 sibling of
 tests/vllm_attention_check.py (same structure). For every step of every case in
 :data:`CASES` it
 
@@ -20,8 +23,9 @@ tests/vllm_attention_check.py (same structure). For every step of every case in
    requests and padded tokens; block tables as wide as max_model_len with stale page ids
    past a request's pages and, for a replaying request, in place of the SWA pages wholly
    below its replay start, which bounded replay retired);
-3. builds the metadata with the builders vLLM picks for the V4.1 Ampere layer on the CPU
-   (their Triton kernels run by the interpreter): ``DeepseekSparseSWAAmpereV41MetadataBuilder``
+3. builds the metadata with the builders vLLM picks for the V4.1 Ampere layer on DEVICE
+   (on the CPU their Triton kernels run by the interpreter):
+   ``DeepseekSparseSWAAmpereV41MetadataBuilder``
    (``DeepseekSparseSWAAmpereV41Backend.get_builder_cls()``, a subclass of V4.1's
    ``DeepseekV41SparseSWAMetadataBuilder``) for the SWA group (32-token pages, the layer's
    ``block_size=32``) and, for ratio 1 / 2, ``DeepseekV41AmpereSparseMLABackend
@@ -29,8 +33,8 @@ tests/vllm_attention_check.py (same structure). For every step of every case in
    layer's compressed group (spec from V4.1's own ``DeepseekV4Attention.get_kv_cache_spec``,
    kernel block from the backend's ``get_supported_kernel_block_sizes``: 128 tokens);
 4. runs ``DeepseekV41AmpereSparseAttention.forward_mqa`` of the working copy's overlay on
-   that metadata (portable ops; prefill scratch from vLLM's workspace manager) into a
-   NaN-poisoned output;
+   that metadata (portable ops on the CPU, the CUDA extension's on cuda; prefill scratch
+   from vLLM's workspace manager) into a NaN-poisoned output;
 5. compares every real token with the float64 oracle (tests/layer_cases.oracle_token with
    ``floor`` = the request's replay start: no window KV exists below it).
 
@@ -59,6 +63,10 @@ ATTN_PREFIX = "model.layers.5.attn"
 KV_SOURCE_PREFIX = "model.layers.3.attn"   # the kv-source layer owning the compressed cache
 MAX_BATCHED = 512          # scheduler max_num_batched_tokens
 SCHED_BLOCK = 128          # cache_config.block_size (the compressed spec's block)
+#: Where the world, the model runner's tensors, the builders and the ops live: "cpu"
+#: (portable ops, Triton interpreter) or "cuda" (--device cuda). Values are drawn from CPU
+#: generators either way (the same numbers on both devices).
+DEVICE = "cpu"
 
 #: name -> case. ``ratio``: V4.1's 0 (SWA only), 1 or 2 (compressed, top-k from the shared
 #: buffer); ``spec``: speculative tokens (decode_threshold = 1 + spec); ``steps``: per
@@ -225,11 +233,12 @@ def _builders(mod, cfg, ratio: int):
     A = mod.DeepseekV41AmpereSparseAttention
     cache, swa_spec = _swa_spec(mod, cfg)
     swa = cache.get_attn_backend().get_builder_cls()(swa_spec, [SWA_PREFIX], cfg,
-                                                     torch.device("cpu"))
+                                                     torch.device(DEVICE))
     if ratio == 0:
         return swa_spec, swa, None, None
     c_spec = _compressed_spec(mod, cfg, ratio)
-    mla = A.backend_cls.get_builder_cls()(c_spec, [KV_SOURCE_PREFIX], cfg, torch.device("cpu"))
+    mla = A.backend_cls.get_builder_cls()(c_spec, [KV_SOURCE_PREFIX], cfg,
+                                          torch.device(DEVICE))
     return swa_spec, swa, c_spec, mla
 
 
@@ -261,15 +270,17 @@ def _replay_starts(reqs, swa_spec) -> list[int]:
 def _wide_table(compact, used: list[int], width: int, npages: int, g, retired=None):
     """``compact`` (layer_cases' block table) widened to ``width`` columns (max_model_len
     wide, as vLLM's are), every column past a request's ``used`` pages holding a stale
-    page id; ``retired[r]`` leading columns too (SWA pages below a replay start)."""
+    page id; ``retired[r]`` leading columns too (SWA pages below a replay start). Drawn
+    on the CPU, returned on DEVICE."""
     import torch
 
+    compact = compact.cpu()
     rows = len(used)
     bt = torch.randint(0, npages, (rows, width), generator=g, dtype=torch.int32)
     for r, n in enumerate(used):
         lo = retired[r] if retired else 0
         bt[r, lo:n] = compact[r, lo:n]
-    return bt
+    return bt.to(DEVICE)
 
 
 def _pad_rows(bt, nreq: int):
@@ -281,14 +292,17 @@ def _pad_rows(bt, nreq: int):
 
 
 def _slots(toks, pad: int, bt, page: int):
-    """Token-level slot mapping of one KV-cache group, -1 for padded tokens."""
+    """Token-level slot mapping of one KV-cache group, -1 for padded tokens; on DEVICE."""
     import torch
 
+    bt = bt.cpu()
     s = [int(bt[r, p // page]) * page + p % page for r, p in toks] + [-1] * pad
-    return torch.tensor(s, dtype=torch.int64)
+    return torch.tensor(s, dtype=torch.int64, device=DEVICE)
 
 
 def _batch(w, reqs, pad: int, case: dict, replay: list[int], g, swa_bs: int, c_page: int):
+    """The model runner's tensors for one step, on DEVICE (as vllm_attention_check._batch);
+    host copies ``qsl_cpu`` / ``seq_cpu`` of query_start_loc and seq_lens."""
     import torch
 
     reqs2 = [tuple(r[:2]) for r in reqs]
@@ -303,11 +317,14 @@ def _batch(w, reqs, pad: int, case: dict, replay: list[int], g, swa_bs: int, c_p
     # builders' buffers: a larger case would write past them (heap corruption under the
     # Triton interpreter, not an error)
     assert len(toks) + pad <= MAX_BATCHED, (len(toks), pad)
-    b = types.SimpleNamespace(reqs=reqs2, toks=toks, ntok=len(toks) + pad, qsl=qsl)
+    b = types.SimpleNamespace(reqs=reqs2, toks=toks, ntok=len(toks) + pad, qsl=qsl.to(DEVICE),
+                              qsl_cpu=qsl)
     b.bt_swa = _wide_table(_pad_rows(w.swa_bt, nreq), swa_used, mml // swa_bs,
                            w.swa_cache.shape[0], g, retired)
-    b.seq = torch.tensor([s for s, _ in reqs2], dtype=torch.int32)
-    b.positions = torch.tensor([p for _, p in toks] + [mml // 3] * pad, dtype=torch.int64)
+    b.seq_cpu = torch.tensor([s for s, _ in reqs2], dtype=torch.int32)
+    b.seq = b.seq_cpu.to(DEVICE)
+    b.positions = torch.tensor([p for _, p in toks] + [mml // 3] * pad, dtype=torch.int64,
+                               device=DEVICE)
     b.slots_swa = _slots(toks, pad, b.bt_swa, swa_bs)
     if w.compressed:
         c_used = [-(-(s // w.ratio) // w.cbs) if q else 0 for s, q in reqs2]
@@ -328,7 +345,7 @@ def _pad_replayed_slots(b, specs, replay_start) -> None:
 
     window = max(s.prefix_replay_tokens for s in specs)
     groups = torch.tensor([i for i, s in enumerate(specs) if s.prefix_cacheable],
-                          dtype=torch.int32)
+                          dtype=torch.int32, device=DEVICE)
     if not window or not bool(replay_start.any()) or groups.numel() == 0:
         return
     slots = torch.stack([b.slots_swa] + ([b.slots_c] if len(specs) > 1 else []))
@@ -346,10 +363,10 @@ def _common(b, bt, slots):
 
     qlens = [q for _, q in b.reqs]
     return CommonAttentionMetadata(
-        query_start_loc=b.qsl, query_start_loc_cpu=b.qsl.clone(), seq_lens=b.seq,
+        query_start_loc=b.qsl, query_start_loc_cpu=b.qsl_cpu.clone(), seq_lens=b.seq,
         num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
-        max_seq_len=int(b.seq.max()), block_table_tensor=bt, slot_mapping=slots,
-        causal=True, positions=b.positions, seq_lens_cpu_upper_bound=b.seq.clone())
+        max_seq_len=int(b.seq_cpu.max()), block_table_tensor=bt, slot_mapping=slots,
+        causal=True, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
 
 
 # --------------------------------------------------------------------------- layer
@@ -376,7 +393,8 @@ def _layer(mod, w, ratio: int, topk_buf, chunk: int):
     layer.window_size, layer.max_model_len = WINDOW, 4096
     layer.scale, layer.attn_sink = w.scale, w.attn_sink
     layer.PREFILL_CHUNK_SIZE, layer.max_num_batched_tokens = chunk, MAX_BATCHED
-    layer._ampere_ops = L.resolve_ops("cpu")
+    layer._ampere_ops = L.resolve_ops(DEVICE)
+    checks.require_extension_ops(layer._ampere_ops, DEVICE)
     return layer
 
 
@@ -391,20 +409,21 @@ def _topk_buffer(w, b, ratio: int, g, holes: float, num_decode_tokens: int):
     the valid entries and FlashMLA's ``extra_topk_length`` (the portable/CUDA decode alike)
     reading that many leading columns, so an interior -1 would cut off a valid entry in
     upstream's FlashMLA path as well; the indexers write -1 after the selected entries.
-    Prefill rows keep interior holes (V4.1's combine skips them)."""
+    Prefill rows keep interior holes (V4.1's combine skips them). Drawn on the CPU,
+    returned on DEVICE."""
     import torch
 
     import layer_cases as C
 
     buf = torch.randint(0, 1 << 20, (MAX_BATCHED, C.TOPK), generator=g, dtype=torch.int32)
     if ratio:
-        rows = C.v41_topk(w, [p for _, p in b.toks], g, holes=holes)
+        rows = C.v41_topk(w, [p for _, p in b.toks], g, holes=holes).cpu()
         for t in range(min(num_decode_tokens, len(b.toks))):
             kept = rows[t][rows[t] >= 0]
             rows[t] = -1
             rows[t, : kept.numel()] = kept
         buf[: len(b.toks)] = rows
-    return buf
+    return buf.to(DEVICE)
 
 
 # --------------------------------------------------------------------------- run
@@ -468,8 +487,8 @@ def run_step(mod, w, case: dict, reqs, pad: int, g) -> dict:
     b = _batch(w, reqs, pad, case, replay, g, swa_spec.block_size,
                c_spec.block_size if c_spec else 0)
     # the model state's per-request buffer (max_num_seqs rows), sliced to the batch
-    buf = torch.zeros(cfg.scheduler_config.max_num_seqs, dtype=torch.int32)
-    buf[: len(replay)] = torch.tensor(replay, dtype=torch.int32)
+    buf = torch.zeros(cfg.scheduler_config.max_num_seqs, dtype=torch.int32, device=DEVICE)
+    buf[: len(replay)] = torch.tensor(replay, dtype=torch.int32, device=DEVICE)
     replay_start = buf[: len(replay)]
     _pad_replayed_slots(b, [swa_spec] + ([c_spec] if c_spec else []), replay_start)
     extra = ReplayAttnMetadata(replay_start)
@@ -522,7 +541,7 @@ def _world(case: dict):
     longest = [max([reqs[r][0] for reqs, _ in steps if r < len(reqs)] + [1])
                for r in range(n)]
     ratio = case["ratio"]
-    return C.build_world(ratio=max(ratio, 1), seq_lens=longest, heads=HEADS, device="cpu",
+    return C.build_world(ratio=max(ratio, 1), seq_lens=longest, heads=HEADS, device=DEVICE,
                          seed=len(steps) * 7 + ratio, v41=ratio > 0)
 
 
@@ -545,12 +564,16 @@ def run_case(mod, name: str, case: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    args = checks.arg_parser(__doc__).parse_args(argv)
+    ap = checks.arg_parser(__doc__)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     # the V4 Ampere modules first: the V4.1 ones import them
     mod = checks.boot(args.tree, args.overlay, args.capability, tuple(
         f"vllm.models.deepseek_v4.nvidia.{m}" for m in ("ampere_ops", "ampere_indexer",
                                                         "ampere_sparse"))
-        + ("vllm.models.deepseek_v41.nvidia.ampere_sparse",))
+        + ("vllm.models.deepseek_v41.nvidia.ampere_sparse",), device=DEVICE)
     import layer_cases as C
 
     C.SWA_BS = 32   # V4.1's SWA pages (DeepseekV4SWACache); read by build_world, oracle_token

@@ -1,0 +1,71 @@
+"""vLLM's own attention metadata, built on the GPU, into the Ampere DeepSeek-V4 attention
+adapter and this project's CUDA ops (tests/vllm_attention_check.py --device cuda).
+
+The CPU test (tests/test_vllm_attention_sm80.py) runs the same cases with the portable ops and
+vLLM's Triton kernels in the interpreter. Here the world (caches, block tables), the model
+runner's tensors (block tables as wide as max_model_len, slot mappings, query_start_loc,
+seq_lens, positions; the host copies query_start_loc_cpu / seq_lens_cpu_upper_bound on the
+CPU, as vLLM keeps them) and the indexer's top-k buffer live on the GPU; vLLM's builders run
+on CUDA tensors (their Triton kernels compiled for this GPU; the platform mocked to
+capability 8.0, so vLLM takes its SM80 decisions) and ``forward_mqa`` runs with the CUDA
+extension's gather / top-k / combine / decode / prefill (the check refuses portable
+fallbacks). Every real token must match the float64 oracle, vLLM's split and layouts must be
+those of the CPU test, and the negative controls must still be reported as failures.
+
+Needs vLLM's pure-Python dependencies (tests/vllm_cpu_harness.REQUIRED_MODULES); skips naming
+the missing ones. Tree: $DEEPINFER_VLLM_TREE, build/vllm-<version>, or the GPU bundle's
+vllm-tree/."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import test_vllm_attention_sm80 as cpu  # noqa: E402
+import vllm_builder_check as checks  # noqa: E402
+import vllm_cpu_harness as harness  # noqa: E402
+
+#: The CPU test's checks of the metadata vLLM's builders hand the adapter (shapes, strides,
+#: lengths, splits, chunk plans): the same on the GPU.
+LAYOUT_CHECKS = (
+    cpu.test_every_case_ran,
+    cpu.test_c128a_decode_is_a_column_slice_whose_width_follows_the_context,
+    cpu.test_padded_tokens_get_zero_lengths,
+    cpu.test_swa_decode_indices_are_3d,
+    cpu.test_dspark_block_is_non_causal,
+    cpu.test_prefill_chunks_follow_vllms_plan,
+)
+
+
+@pytest.fixture(scope="module")
+def results(ext):
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
+    from upstream_import import UpstreamImportError, find_tree
+
+    try:
+        tree = find_tree(version=harness.VLLM_VERSION)
+    except UpstreamImportError as e:
+        pytest.skip(str(e))
+    return checks.run_check("vllm_attention_check.py", tree, "--device", "cuda",
+                            interpret=False, timeout=600)
+
+
+@pytest.mark.parametrize("case", sorted(cpu.SPLITS))
+def test_every_token_on_cuda_matches_the_oracle(results, case):
+    cpu.check_case(results, case)
+
+
+@pytest.mark.parametrize("case", cpu.CONTROLS)
+def test_the_check_can_fail_on_cuda(results, case):
+    cpu.check_control(results, case)
+
+
+@pytest.mark.parametrize("check", LAYOUT_CHECKS, ids=lambda f: f.__name__[len("test_"):])
+def test_vllms_layouts_on_cuda(results, check):
+    check(results)
