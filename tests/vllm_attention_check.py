@@ -134,6 +134,43 @@ CASES: dict[str, dict] = {
 }
 
 
+#: FULL CUDA-graph decode as vLLM's model runner (V2) drives it (``--graph``): the first
+#: step is captured, as ``prepare_attn(for_capture=True)`` builds it
+#: (``build_for_cudagraph_capture``, max_seq_len = max_model_len), after one eager warm-up
+#: run; every later step writes new values into the same model-runner tensors (same
+#: request count, query lengths and padding; other seq_lens, pages, queries and top-k
+#: rows), rebuilds the metadata with ``build`` (into the builders' persistent buffers) and
+#: replays. On the CPU the replay is emulated: ``forward_mqa`` runs on the captured step's
+#: metadata objects over the rewritten buffers, which is what a graph sees from the host
+#: side. ``rebuild=False``: a negative control that replays without rebuilding.
+GRAPH_CASES: dict[str, dict] = {
+    # C128A: captured at the widest top-k (max_model_len 65,536 -> 512 columns), replayed
+    # with contexts of 16.9k (256 columns) and 5k (64).
+    "graph_c128_decode": dict(
+        ratio=128, spec=0, max_model_len=65536,
+        steps=[([(700, 1), (300, 1), (1500, 1), (0, 0)], 0),
+               ([(16900, 1), (301, 1), (1501, 1), (0, 0)], 0),
+               ([(5000, 1), (129, 1), (64, 1), (0, 0)], 0)]),
+    "graph_c4_decode_next2_padded": dict(
+        ratio=4, spec=1, max_model_len=4096,
+        steps=[([(900, 2), (35, 2), (640, 2), (0, 0)], 2),
+               ([(1200, 2), (60, 2), (641, 2), (0, 0)], 2),
+               ([(2600, 2), (2, 2), (1000, 2), (0, 0)], 2)]),
+    "graph_swa_decode_next6_padded": dict(
+        ratio=1, spec=5, max_model_len=4096,
+        steps=[([(1000, 6), (411, 6), (0, 0), (0, 0)], 12),
+               ([(700, 6), (900, 6), (0, 0), (0, 0)], 12)]),
+    "graph_dspark_noncausal": dict(
+        ratio=1, spec=5, dspark=True, max_model_len=4096,
+        steps=[([(1000, 5), (70, 5), (300, 5), (0, 0)], 5),
+               ([(1400, 5), (90, 5), (200, 5), (0, 0)], 5)]),
+    "control_graph_no_rebuild": dict(
+        ratio=4, spec=1, max_model_len=4096, rebuild=False,
+        steps=[([(900, 2), (35, 2), (640, 2)], 0),
+               ([(1200, 2), (60, 2), (641, 2)], 0)]),
+}
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -265,16 +302,18 @@ def _slots(toks, pad: int, bt, page: int):
     return torch.tensor(s, dtype=torch.int64, device=DEVICE)
 
 
-def _common(b, bt, slots, causal: bool):
+def _common(b, bt, slots, causal: bool, max_seq_len: int | None = None):
     """``CommonAttentionMetadata`` of one KV-cache group, as ``build_attn_metadata`` makes
-    it in FULL-graph mode (padded request and token counts)."""
+    it in FULL-graph mode (padded request and token counts); ``max_seq_len``: the capture's
+    worst case (default: the batch's)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     qlens = [q for _, q in b.reqs]
     return CommonAttentionMetadata(
         query_start_loc=b.qsl, query_start_loc_cpu=b.qsl_cpu.clone(), seq_lens=b.seq,
         num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
-        max_seq_len=int(b.seq_cpu.max()), block_table_tensor=bt, slot_mapping=slots,
+        max_seq_len=int(b.seq_cpu.max()) if max_seq_len is None else max_seq_len,
+        block_table_tensor=bt, slot_mapping=slots,
         causal=causal, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
 
 
@@ -457,18 +496,107 @@ def run_case(mod, name: str, case: dict) -> dict:
     return {"ok": bool(ok), "max_rel_err": worst, "steps": steps}
 
 
+def _compare(w, b, q, out, topk, case: dict) -> dict:
+    """Every real token of ``out`` against the oracle; padded rows must stay finite."""
+    import layer_cases as C
+
+    errs = [C.rel_err(out[t], _reference(w, b, t, q[t], topk, bool(case.get("dspark"))))
+            for t in range(len(b.toks))]
+    bad = [t for t, e in enumerate(errs) if not e <= TOL]   # NaN (unwritten) fails too
+    return {"tokens": len(b.toks), "max_rel_err": max(errs), "bad_tokens": bad[:8],
+            "padded_rows_finite": bool(out[len(b.toks):].isfinite().all())}
+
+
+def run_graph_case(mod, name: str, case: dict) -> dict:
+    """:data:`GRAPH_CASES`: capture the first step, replay the others (see there)."""
+    import torch
+
+    import layer_cases as C
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    w = _world(case)
+    ratio, causal = case["ratio"], not case.get("dspark")
+    swa_b, mla_b = _builders(mod, _config(case), ratio)
+    steps = case["steps"]
+    assert all([q for _, q in r] == [q for _, q in steps[0][0]] and p == steps[0][1]
+               for r, p in steps), "a graph replays one padded shape"
+    # the model runner's persistent inputs, the indexer's output buffer, q and out
+    b0 = _batch(w, *steps[0], case, g)
+    run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
+                                       "bt_c", "slots_c") if hasattr(b0, k)}
+    topk = _topk_buffer(w, b0, ratio, g)
+    q = C.make_queries(w, [p for _, p in b0.toks] + [0] * steps[0][1], g)[0].clone()
+    out = torch.full_like(q, float("nan"))
+    layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
+
+    def build(b, capture: bool):
+        mml = case["max_model_len"] if capture else None
+        cm = _common(b, run["bt_swa"], run["slots_swa"], causal, mml)
+        md = {SWA_PREFIX: swa_b.build_for_cudagraph_capture(cm) if capture
+              else swa_b.build(0, cm)}
+        if mla_b is not None:
+            cm = _common(b, run["bt_c"], run["slots_c"], causal, mml)
+            md[ATTN_PREFIX] = (mla_b.build_for_cudagraph_capture(cm) if capture
+                               else mla_b.build(0, cm))
+        return md
+
+    def forward(md):
+        with harness._patched([(mod, "get_forward_context",
+                                lambda: types.SimpleNamespace(attn_metadata=md))]):
+            layer.forward_mqa(q, None, None, out)
+
+    captured = build(b0, capture=True)
+    forward(captured)  # the warm-up run (eager, the capture's metadata)
+    first = dict(_compare(w, b0, q, out, topk, case), step="capture (eager warm-up)",
+                 **_describe(captured[SWA_PREFIX], captured.get(ATTN_PREFIX)))
+    graph = None
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward(captured)
+    results = [first]
+    for reqs, pad in steps[1:]:
+        b = _batch(w, reqs, pad, case, g)
+        b.qsl_cpu = b0.qsl_cpu  # the same query layout
+        for k, t in run.items():  # new values, same tensors
+            t.copy_(getattr(b, k))
+        b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]
+        topk.copy_(_topk_buffer(w, b, ratio, g))
+        q.copy_(C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)[0])
+        out.fill_(float("nan"))
+        fresh = build(b, capture=False) if case.get("rebuild", True) else None
+        if graph is not None:
+            graph.replay()
+            torch.cuda.synchronize()
+        else:
+            forward(captured)  # the graph's view: the capture's Python objects
+        info = dict(_compare(w, b, q, out, topk, case), step="replay")
+        if fresh is not None:
+            info.update(_describe(fresh[SWA_PREFIX], fresh.get(ATTN_PREFIX)))
+        results.append(info)
+    worst = max(r["max_rel_err"] for r in results)
+    ok = all(not r["bad_tokens"] for r in results) and worst <= TOL
+    return {"ok": bool(ok), "max_rel_err": worst, "steps": results, "graph": graph is not None}
+
+
 # --------------------------------------------------------------------------- main
 
 
 def main(argv=None) -> int:
     ap = checks.arg_parser(__doc__)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--graph", action="store_true",
+                    help="the FULL CUDA-graph cases (GRAPH_CASES; emulated on the CPU)")
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
     mod = checks.boot(args.tree, args.overlay, args.capability, tuple(
         f"vllm.models.deepseek_v4.nvidia.{m}" for m in ("ampere_ops", "ampere_indexer",
                                                         "ampere_sparse")), device=DEVICE)
+    if args.graph:
+        return checks.run_cases(args.case or list(GRAPH_CASES),
+                                lambda name: run_graph_case(mod, name, GRAPH_CASES[name]))
     return checks.run_cases(args.case or list(CASES),
                             lambda name: run_case(mod, name, CASES[name]))
 

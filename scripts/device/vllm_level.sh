@@ -5,6 +5,7 @@
 # Here:   make gpu-bundle VLLM_DEPS=1; carry dist (without VLLM_DEPS the checks skip).
 # There:  bash scripts/device/vllm_level.sh [all]
 #   (default) the vLLM-level GPU checks only;  all: every GPU test (tests/gpu)
+#   VL_TESTS="FILE ...": these test files instead
 # VL_PROBE=1 first lists the modules the checks' import chain lacks here
 # (scripts/device/vllm_missing_modules.py).
 # Logs come back in $OUT/vllm-level-logs.tgz.
@@ -18,6 +19,7 @@ t0=$SECONDS
 TESTS=(tests/gpu/test_vllm_indexer_decode_gpu.py tests/gpu/test_vllm_attention_gpu.py
        tests/gpu/test_vllm_v41_attention_gpu.py)
 [ "$MODE" = all ] && TESTS=(tests/gpu)
+[ -n "${VL_TESTS:-}" ] && read -r -a TESTS <<< "$VL_TESTS"
 existing=(); for t in "${TESTS[@]}"; do [ -e "$t" ] && existing+=("$t"); done
 timeout 540 $PY -m pytest -q -rs -p no:cacheprovider "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -25 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
