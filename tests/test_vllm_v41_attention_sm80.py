@@ -157,3 +157,52 @@ def test_padded_tokens_get_zero_lengths(results):
     s = results["r1_decode_next6_padded"]["steps"][0]
     assert s["swa_lens"][12:] == [0] * 12 and s["swa_lens"][:12] == [128] * 12
     assert s["swa_indices_shape"] == [24, 1, 128] and s["block_size"] == 32
+
+
+# ------------------------------------------------------------- FULL CUDA-graph decode
+
+#: the check's GRAPH_CASES (capture + one replay each) and its control.
+GRAPH_CASES = ("graph_r0_decode_next1", "graph_r1_decode_next6_padded",
+               "graph_r2_decode_next2_padded")
+GRAPH_CONTROLS = ("control_graph_no_rebuild",)
+
+
+@pytest.fixture(scope="module")
+def graph_results():
+    return checks.run_check("vllm_v41_attention_check.py", checks.applied_tree(), "--graph")
+
+
+def check_graph_case(results, case, *, graph: bool):
+    """V4.1 decode captured as vLLM captures it (no replay start, max_seq_len =
+    max_model_len), replayed over rebuilt metadata: every real token of both steps within
+    TOL of the oracle. ``graph``: a real CUDA graph (GPU) or the CPU's emulation. (Shared
+    with the GPU variant.)"""
+    r = results[case]
+    assert "error" not in r, r
+    assert r["graph"] is graph and r["ok"] and r["max_rel_err"] <= TOL, r
+    assert [s["step"] for s in r["steps"]] == ["capture (eager warm-up)", "replay"], r
+    for step in r["steps"]:
+        assert not step["bad_tokens"] and step["tokens"] > 0 and step["padded_rows_finite"], step
+
+
+def check_graph_control(results, case):
+    """Replaying without rebuilding fails the oracle on the replayed step only."""
+    r = results[case]
+    assert "error" not in r, r
+    capture, replay = r["steps"]
+    assert not capture["bad_tokens"] and replay["bad_tokens"] and not r["ok"], r
+
+
+def test_graph_every_case_ran(graph_results):
+    assert sorted(graph_results) == sorted(GRAPH_CASES + GRAPH_CONTROLS)
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES)
+def test_graph_replays_match_the_oracle(graph_results, case):
+    """CPU: the replay emulated; the GPU variant replays a real CUDA graph."""
+    check_graph_case(graph_results, case, graph=False)
+
+
+@pytest.mark.parametrize("case", GRAPH_CONTROLS)
+def test_graph_replay_without_rebuild_fails(graph_results, case):
+    check_graph_control(graph_results, case)

@@ -152,6 +152,30 @@ CASES: dict[str, dict] = {
 # --------------------------------------------------------------------------- config
 
 
+#: FULL CUDA-graph decode (``--graph``), as tests/vllm_attention_check.GRAPH_CASES: the
+#: first step built as vLLM captures (``build_for_cudagraph_capture``, max_seq_len =
+#: max_model_len, no replay start: "graph captures build without it"), warmed up eagerly and
+#: captured; later steps rewrite the same model-runner tensors, the top-k rows and q,
+#: rebuild with ``build`` (the model state's replay starts, zero for decodes) and replay
+#: (emulated on the CPU). ``rebuild=False``: the negative control.
+GRAPH_CASES: dict[str, dict] = {
+    "graph_r2_decode_next2_padded": dict(
+        ratio=2, spec=1, holes=0.3,
+        steps=[([(900, 2), (129, 2), (640, 2), (0, 0)], 2),
+               ([(1300, 2), (200, 2), (641, 2), (0, 0)], 2)]),
+    "graph_r1_decode_next6_padded": dict(
+        ratio=1, spec=5, holes=0.2,
+        steps=[([(1000, 6), (411, 6), (0, 0), (0, 0)], 12),
+               ([(700, 6), (950, 6), (0, 0), (0, 0)], 12)]),
+    "graph_r0_decode_next1": dict(
+        ratio=0, spec=0,
+        steps=[([(900, 1), (300, 1), (37, 1)], 0), ([(1200, 1), (20, 1), (400, 1)], 0)]),
+    "control_graph_no_rebuild": dict(
+        ratio=2, spec=1, rebuild=False,
+        steps=[([(900, 2), (129, 2), (640, 2)], 0), ([(1300, 2), (200, 2), (641, 2)], 0)]),
+}
+
+
 def _config(case: dict):
     """A stand-in ``VllmConfig`` with the fields the builders and the layer's cache specs
     read: ``tests/vllm_cpu_harness._v41_config``'s V4.1 shape (window 128, index top-k
@@ -357,16 +381,17 @@ def _pad_replayed_slots(b, specs, replay_start) -> None:
         b.slots_c = slots[1].clone()
 
 
-def _common(b, bt, slots):
-    """``CommonAttentionMetadata`` of one KV-cache group (padded counts, FULL graph)."""
+def _common(b, bt, slots, max_seq_len: int | None = None):
+    """``CommonAttentionMetadata`` of one KV-cache group (padded counts, FULL graph);
+    ``max_seq_len``: the capture's worst case (default: the batch's)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     qlens = [q for _, q in b.reqs]
     return CommonAttentionMetadata(
         query_start_loc=b.qsl, query_start_loc_cpu=b.qsl_cpu.clone(), seq_lens=b.seq,
         num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
-        max_seq_len=int(b.seq_cpu.max()), block_table_tensor=bt, slot_mapping=slots,
-        causal=True, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
+        max_seq_len=int(b.seq_cpu.max()) if max_seq_len is None else max_seq_len,
+        block_table_tensor=bt, slot_mapping=slots, causal=True, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
 
 
 # --------------------------------------------------------------------------- layer
@@ -560,12 +585,101 @@ def run_case(mod, name: str, case: dict) -> dict:
             "seconds": round(time.monotonic() - t0, 2)}
 
 
+def run_graph_case(mod, name: str, case: dict) -> dict:
+    """:data:`GRAPH_CASES`: capture the first step, replay the others."""
+    import torch
+
+    import layer_cases as C
+    from vllm.models.deepseek_v41.nvidia.model_state import ReplayAttnMetadata
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    w = _world(case)
+    ratio, steps = case["ratio"], case["steps"]
+    assert all([q for _, q in r] == [q for _, q in steps[0][0]] and p == steps[0][1]
+               for r, p in steps), "a graph replays one padded shape"
+    cfg = _config(case)
+    swa_spec, swa_b, c_spec, mla_b = _builders(mod, cfg, ratio)
+    blocks = (swa_spec.block_size, c_spec.block_size if c_spec else 0)
+    b0 = _batch(w, steps[0][0], steps[0][1], case, _replay_starts(steps[0][0], swa_spec), g,
+                *blocks)
+    run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
+                                       "bt_c", "slots_c") if hasattr(b0, k)}
+    replay_buf = torch.zeros(cfg.scheduler_config.max_num_seqs, dtype=torch.int32,
+                             device=DEVICE)
+    ndec = len(b0.toks) + steps[0][1]  # a decode-only batch: every token a decode row
+    topk = _topk_buffer(w, b0, ratio, g, case.get("holes", 0.0), ndec)
+    q = C.make_queries(w, [p for _, p in b0.toks] + [0] * steps[0][1], g)[0].clone()
+    out = torch.full_like(q, float("nan"))
+    layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
+
+    def build(b, replay, capture: bool):
+        mml = case.get("max_model_len", 4096) if capture else None
+        cm = _common(b, run["bt_swa"], run["slots_swa"], mml)
+        if capture:
+            md = {SWA_PREFIX: swa_b.build_for_cudagraph_capture(cm)}
+        else:
+            replay_buf[: len(replay)] = torch.tensor(replay, dtype=torch.int32, device=DEVICE)
+            kw = ReplayAttnMetadata(replay_buf[: len(replay)]).get_extra_attn_kwargs(
+                swa_b, len(b.reqs))
+            md = {SWA_PREFIX: swa_b.build(0, cm, **kw)}
+        if mla_b is not None:
+            cm = _common(b, run["bt_c"], run["slots_c"], mml)
+            md[KV_SOURCE_PREFIX] = (mla_b.build_for_cudagraph_capture(cm) if capture
+                                    else mla_b.build(0, cm))
+        return md
+
+    def compare(b, replay, step: str) -> dict:
+        errs = []
+        for t, (r, p) in enumerate(b.toks):
+            comp = [int(j) for j in topk[t].tolist() if j >= 0] if ratio else []
+            errs.append(C.rel_err(out[t], C.oracle_token(w, r, p, q[t], comp,
+                                                         floor=replay[r])))
+        bad = [t for t, e in enumerate(errs) if not e <= TOL]   # NaN (unwritten) fails too
+        return {"step": step, "tokens": len(b.toks), "max_rel_err": max(errs),
+                "bad_tokens": bad[:8], "padded_rows_finite":
+                bool(out[len(b.toks):].isfinite().all())}
+
+    captured = build(b0, None, capture=True)
+    assert captured[SWA_PREFIX].num_decode_tokens == ndec, "decode-only graph cases"
+    _forward(mod, layer, q, out, captured, False)  # the eager warm-up run
+    results = [compare(b0, [0] * len(b0.reqs), "capture (eager warm-up)")]
+    graph = None
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _forward(mod, layer, q, out, captured, False)
+    for reqs, pad in steps[1:]:
+        replay = _replay_starts(reqs, swa_spec)
+        b = _batch(w, reqs, pad, case, replay, g, *blocks)
+        b.qsl_cpu = b0.qsl_cpu  # the same query layout
+        for k, t in run.items():  # new values, same tensors
+            t.copy_(getattr(b, k))
+        b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]
+        topk.copy_(_topk_buffer(w, b, ratio, g, case.get("holes", 0.0), ndec))
+        q.copy_(C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)[0])
+        out.fill_(float("nan"))
+        if case.get("rebuild", True):
+            build(b, replay, capture=False)
+        if graph is not None:
+            graph.replay()
+            torch.cuda.synchronize()
+        else:
+            _forward(mod, layer, q, out, captured, False)  # the capture's Python objects
+        results.append(compare(b, replay, "replay"))
+    worst = max(r["max_rel_err"] for r in results)
+    ok = all(not r["bad_tokens"] for r in results) and worst <= TOL
+    return {"ok": bool(ok), "max_rel_err": worst, "steps": results, "graph": graph is not None}
+
+
 # --------------------------------------------------------------------------- main
 
 
 def main(argv=None) -> int:
     ap = checks.arg_parser(__doc__)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--graph", action="store_true",
+                    help="the FULL CUDA-graph cases (GRAPH_CASES; emulated on the CPU)")
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -577,6 +691,9 @@ def main(argv=None) -> int:
     import layer_cases as C
 
     C.SWA_BS = 32   # V4.1's SWA pages (DeepseekV4SWACache); read by build_world, oracle_token
+    if args.graph:
+        return checks.run_cases(args.case or list(GRAPH_CASES),
+                                lambda name: run_graph_case(mod, name, GRAPH_CASES[name]))
     return checks.run_cases(args.case or list(CASES),
                             lambda name: run_case(mod, name, CASES[name]))
 

@@ -75,3 +75,27 @@ def test_replay_controls_fail_on_the_replayed_window_on_cuda(results, case):
 @pytest.mark.parametrize("check", LAYOUT_CHECKS, ids=lambda f: f.__name__[len("test_"):])
 def test_vllms_layouts_on_cuda(results, check):
     check(results)
+
+
+@pytest.fixture(scope="module")
+def graph_results(results):
+    """The FULL CUDA-graph cases (--graph), on a real graph (``results``' skips apply)."""
+    from upstream_import import find_tree
+
+    return checks.run_check("vllm_v41_attention_check.py",
+                            find_tree(version=harness.VLLM_VERSION), "--device", "cuda",
+                            "--graph", interpret=False, timeout=600)
+
+
+def test_graph_every_case_ran_on_cuda(graph_results):
+    cpu.test_graph_every_case_ran(graph_results)
+
+
+@pytest.mark.parametrize("case", cpu.GRAPH_CASES)
+def test_graph_replays_on_cuda_match_the_oracle(graph_results, case):
+    cpu.check_graph_case(graph_results, case, graph=True)
+
+
+@pytest.mark.parametrize("case", cpu.GRAPH_CONTROLS)
+def test_graph_replay_without_rebuild_fails_on_cuda(graph_results, case):
+    cpu.check_graph_control(graph_results, case)
