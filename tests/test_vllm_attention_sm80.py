@@ -140,8 +140,8 @@ def test_prefill_chunks_follow_vllms_plan(results):
 
 #: GRAPH_CASES of the check: steps per case (capture + replays) and whether it is the
 #: negative control (replayed without rebuilding the metadata).
-GRAPH_STEPS = {"graph_c128_decode": 3, "graph_c4_decode_next2_padded": 3,
-               "graph_swa_decode_next6_padded": 2, "graph_dspark_noncausal": 2}
+GRAPH_STEPS = {"graph_c128_decode": 4, "graph_c4_decode_next2_padded": 4,
+               "graph_swa_decode_next6_padded": 3, "graph_dspark_noncausal": 3}
 GRAPH_CONTROLS = ("control_graph_no_rebuild",)
 
 
@@ -151,10 +151,12 @@ def graph_results():
 
 
 def check_graph_case(results, case, *, graph: bool):
-    """Captured at the first step (vLLM's capture metadata: max_seq_len = max_model_len),
-    replayed over new seq_lens, pages, queries and top-k rows written into the same tensors:
-    every real token of every step within TOL of the oracle. ``graph``: a real CUDA graph
-    (GPU) or the CPU's emulation. (Shared with the GPU variant.)"""
+    """Captured with vLLM's dummy batch and capture metadata (max_seq_len = max_model_len),
+    replayed over other seq_lens, real-request counts, pages, queries and top-k rows written
+    into the same tensors: every real token of every step within TOL of the oracle.
+    ``graph``: a real CUDA graph (GPU) or the CPU's emulation. (Shared with the GPU
+    variant.)
+    """
     r = results[case]
     assert "error" not in r, r
     assert r["graph"] is graph, r
@@ -175,10 +177,10 @@ def check_graph_control(results, case):
 
 def check_graph_c128_widths(results):
     """The capture's C128A top-k is as wide as max_model_len allows (512 columns at 65,536);
-    the replays' builds are narrower (256, 128) in the same 512-wide rows: the captured
+    the replays' builds are narrower (256, 128, 128) in the same 512-wide rows: the captured
     kernels must bound their reads by the lengths, not the width."""
     widths = [s["c128_decode_shape"] for s in results["graph_c128_decode"]["steps"]]
-    assert widths == [[3, 1, 512], [3, 1, 256], [3, 1, 128]], widths
+    assert widths == [[4, 1, 512], [4, 1, 256], [4, 1, 128], [4, 1, 128]], widths
 
 
 def test_graph_every_case_ran(graph_results):

@@ -92,3 +92,56 @@ def test_the_flattened_lengths_are_a_column(results):
     assert b["decode_is_uniform"] and not b["requires_padding"]
     assert results["flat_variable_c4"]["builder"]["decode_is_uniform"] is False
     assert results["native2_padded_c4"]["builder"]["requires_padding"] is True
+
+
+# ------------------------------------------------------------- FULL CUDA-graph decode
+
+#: the check's GRAPH_CASES -> replayed steps; the control replays without rebuilding.
+GRAPH_STEPS = {"graph_flat_c4": 3, "graph_native2_c4": 2, "graph_plain_c4": 2,
+               "graph_v41_flat_c2_write": 2}
+GRAPH_CONTROLS = ("control_graph_no_rebuild",)
+
+
+@pytest.fixture(scope="module")
+def graph_results():
+    return checks.run_check("vllm_indexer_decode_check.py", checks.applied_tree(), "--graph")
+
+
+def check_graph_case(results, case, *, graph: bool):
+    """Captured with vLLM's dummy batch (uniform: flattened by vLLM's uniform kernel, the
+    adapter's regrouping baked into the graph), replayed over rebuilt metadata, padded
+    replays included (vLLM's variable path into the same buffers): every token's top-k
+    (V4.1: its candidate blocks) equals the oracle, rows past the batch hold -1. ``graph``:
+    a real CUDA graph (GPU) or the CPU's emulation. (Shared with the GPU variant.)"""
+    r = results[case]
+    assert "error" not in r, r
+    assert r["graph"] is graph and r["ok"], r
+    assert len(r["steps"]) == 1 + GRAPH_STEPS[case], r
+    for step in r["steps"]:
+        assert not step["bad_rows"] and step["tokens"] > 0 and step["rows_past_batch_fill"], step
+    b = r["builder"]
+    assert b["capture_uniform"] and b["replay_uniform"][0], b
+    assert not all(b["replay_uniform"]), b  # a padded replay: vLLM's other path
+
+
+def check_graph_control(results, case):
+    """Replaying without rebuilding fails the oracle on the replayed step only."""
+    r = results[case]
+    assert "error" not in r, r
+    capture, replay = r["steps"]
+    assert not capture["bad_rows"] and replay["bad_rows"] and not r["ok"], r
+
+
+def test_graph_every_case_ran(graph_results):
+    assert sorted(graph_results) == sorted(list(GRAPH_STEPS) + list(GRAPH_CONTROLS))
+
+
+@pytest.mark.parametrize("case", sorted(GRAPH_STEPS))
+def test_graph_replays_match_the_oracle(graph_results, case):
+    """CPU: the replay emulated; the GPU variant replays a real CUDA graph."""
+    check_graph_case(graph_results, case, graph=False)
+
+
+@pytest.mark.parametrize("case", GRAPH_CONTROLS)
+def test_graph_replay_without_rebuild_fails(graph_results, case):
+    check_graph_control(graph_results, case)

@@ -161,7 +161,7 @@ def test_padded_tokens_get_zero_lengths(results):
 
 # ------------------------------------------------------------- FULL CUDA-graph decode
 
-#: the check's GRAPH_CASES (capture + one replay each) and its control.
+#: the check's GRAPH_CASES (capture + two replays each) and its control.
 GRAPH_CASES = ("graph_r0_decode_next1", "graph_r1_decode_next6_padded",
                "graph_r2_decode_next2_padded")
 GRAPH_CONTROLS = ("control_graph_no_rebuild",)
@@ -173,14 +173,14 @@ def graph_results():
 
 
 def check_graph_case(results, case, *, graph: bool):
-    """V4.1 decode captured as vLLM captures it (no replay start, max_seq_len =
-    max_model_len), replayed over rebuilt metadata: every real token of both steps within
-    TOL of the oracle. ``graph``: a real CUDA graph (GPU) or the CPU's emulation. (Shared
-    with the GPU variant.)"""
+    """V4.1 decode captured as vLLM captures it (its dummy batch, no replay start,
+    max_seq_len = max_model_len), replayed over rebuilt metadata: every real token of every
+    step within TOL of the oracle. ``graph``: a real CUDA graph (GPU) or the CPU's
+    emulation. (Shared with the GPU variant.)"""
     r = results[case]
     assert "error" not in r, r
     assert r["graph"] is graph and r["ok"] and r["max_rel_err"] <= TOL, r
-    assert [s["step"] for s in r["steps"]] == ["capture (eager warm-up)", "replay"], r
+    assert [s["step"] for s in r["steps"]] == ["capture (eager warm-up)"] + ["replay"] * 2, r
     for step in r["steps"]:
         assert not step["bad_tokens"] and step["tokens"] > 0 and step["padded_rows_finite"], step
 

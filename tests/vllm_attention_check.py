@@ -134,44 +134,54 @@ CASES: dict[str, dict] = {
 }
 
 
-#: FULL CUDA-graph decode as vLLM's model runner (V2) drives it (``--graph``): the first
-#: step is captured, as ``prepare_attn(for_capture=True)`` builds it
-#: (``build_for_cudagraph_capture``, max_seq_len = max_model_len), after one eager warm-up
-#: run; every later step writes new values into the same model-runner tensors (same
-#: request count, query lengths and padding; other seq_lens, pages, queries and top-k
-#: rows), rebuilds the metadata with ``build`` (into the builders' persistent buffers) and
-#: replays. On the CPU the replay is emulated: ``forward_mqa`` runs on the captured step's
-#: metadata objects over the rewritten buffers, which is what a graph sees from the host
-#: side. ``rebuild=False``: a negative control that replays without rebuilding.
+#: FULL CUDA-graph decode as vLLM's model runner (V2) drives it (``--graph``): captured
+#: with the runner's dummy batch for the graph's size (``InputBatch.make_dummy``: every
+#: request the same query length, seq_len = query length), built as
+#: ``prepare_attn(for_capture=True)`` builds it (``build_for_cudagraph_capture``,
+#: max_seq_len = max_model_len), after one eager warm-up run. Every listed step is then a
+#: replay: it writes its values into the same model-runner tensors (the graph's request and
+#: token counts; fewer real requests padded with query length 0 and padded tokens, as the
+#: runner pads a smaller batch), the top-k rows and q, rebuilds the metadata with ``build``
+#: (into the builders' persistent buffers) and replays. On the CPU the replay is emulated:
+#: ``forward_mqa`` runs on the captured step's metadata objects over the rewritten buffers,
+#: which is what a graph sees from the host side. ``rebuild=False``: a negative control
+#: that replays without rebuilding.
 GRAPH_CASES: dict[str, dict] = {
     # C128A: captured at the widest top-k (max_model_len 65,536 -> 512 columns), replayed
-    # with contexts of 16.9k (256 columns) and 5k (64).
+    # with contexts of 16.9k (256 columns), 5k and 1.5k (128).
     "graph_c128_decode": dict(
         ratio=128, spec=0, max_model_len=65536,
-        steps=[([(700, 1), (300, 1), (1500, 1), (0, 0)], 0),
-               ([(16900, 1), (301, 1), (1501, 1), (0, 0)], 0),
-               ([(5000, 1), (129, 1), (64, 1), (0, 0)], 0)]),
+        steps=[([(16900, 1), (301, 1), (1501, 1), (0, 0)], 1),
+               ([(5000, 1), (129, 1), (64, 1), (0, 0)], 1),
+               ([(700, 1), (300, 1), (1500, 1), (40, 1)], 0)]),
     "graph_c4_decode_next2_padded": dict(
         ratio=4, spec=1, max_model_len=4096,
         steps=[([(900, 2), (35, 2), (640, 2), (0, 0)], 2),
-               ([(1200, 2), (60, 2), (641, 2), (0, 0)], 2),
-               ([(2600, 2), (2, 2), (1000, 2), (0, 0)], 2)]),
+               ([(1200, 2), (60, 2), (641, 2), (3, 2)], 0),
+               ([(2600, 2), (0, 0), (0, 0), (0, 0)], 6)]),
     "graph_swa_decode_next6_padded": dict(
         ratio=1, spec=5, max_model_len=4096,
         steps=[([(1000, 6), (411, 6), (0, 0), (0, 0)], 12),
-               ([(700, 6), (900, 6), (0, 0), (0, 0)], 12)]),
+               ([(700, 6), (900, 6), (77, 6), (2000, 6)], 0)]),
     "graph_dspark_noncausal": dict(
         ratio=1, spec=5, dspark=True, max_model_len=4096,
         steps=[([(1000, 5), (70, 5), (300, 5), (0, 0)], 5),
-               ([(1400, 5), (90, 5), (200, 5), (0, 0)], 5)]),
+               ([(1400, 5), (90, 5), (200, 5), (600, 5)], 0)]),
     "control_graph_no_rebuild": dict(
         ratio=4, spec=1, max_model_len=4096, rebuild=False,
-        steps=[([(900, 2), (35, 2), (640, 2)], 0),
-               ([(1200, 2), (60, 2), (641, 2)], 0)]),
+        steps=[([(900, 2), (35, 2), (640, 2)], 0)]),
 }
 
 
 # --------------------------------------------------------------------------- config
+
+
+def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
+    """The batch vLLM captures a FULL graph with (``InputBatch.make_dummy``): ``ntok //
+    nreq`` tokens per request, one more for the last ``ntok % nreq``; seq_len = query
+    length."""
+    base, extra = divmod(ntok, nreq)
+    return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
 
 
 def _config(case: dict):
@@ -518,14 +528,16 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     ratio, causal = case["ratio"], not case.get("dspark")
     swa_b, mla_b = _builders(mod, _config(case), ratio)
     steps = case["steps"]
-    assert all([q for _, q in r] == [q for _, q in steps[0][0]] and p == steps[0][1]
-               for r, p in steps), "a graph replays one padded shape"
+    nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
+    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
+        "a graph replays one padded shape"
+    dummy = _dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
     # the model runner's persistent inputs, the indexer's output buffer, q and out
-    b0 = _batch(w, *steps[0], case, g)
+    b0 = _batch(w, dummy, 0, case, g)
     run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
                                        "bt_c", "slots_c") if hasattr(b0, k)}
     topk = _topk_buffer(w, b0, ratio, g)
-    q = C.make_queries(w, [p for _, p in b0.toks] + [0] * steps[0][1], g)[0].clone()
+    q = C.make_queries(w, [p for _, p in b0.toks], g)[0].clone()
     out = torch.full_like(q, float("nan"))
     layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
 
@@ -556,9 +568,8 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
         with torch.cuda.graph(graph):
             forward(captured)
     results = [first]
-    for reqs, pad in steps[1:]:
+    for reqs, pad in steps:
         b = _batch(w, reqs, pad, case, g)
-        b.qsl_cpu = b0.qsl_cpu  # the same query layout
         for k, t in run.items():  # new values, same tensors
             t.copy_(getattr(b, k))
         b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]

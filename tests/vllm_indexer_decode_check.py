@@ -124,6 +124,25 @@ def _common_metadata(reqs, block_table, page_tokens):
         seq_lens_cpu_upper_bound=seq.clone())
 
 
+def _pages(nreq: int, width: int, bs: int, g):
+    """The indexer cache: ``nreq * width + 3`` pages of ``bs`` entries (dyadic e4m3 codes,
+    power-of-two scales), and a block table of distinct pages per request in a random order
+    (stale ids past each context). Returns (pages [nb, bs, D + 4] uint8, values [nb, bs, D]
+    float64, scales [nb, bs], block_table [nreq, width] int32)."""
+    import torch
+
+    from indexer_cases import dyadic_fp8, k_scales
+
+    nb = nreq * width + 3
+    codes, vals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    raw = torch.zeros(nb, bs * (D + 4), dtype=torch.uint8)
+    raw[:, : bs * D] = codes.view(nb, -1)
+    raw[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    block_table = torch.randperm(nb, generator=g)[: nreq * width].view(nreq, width)
+    return raw.view(nb, bs, D + 4), vals, sc, block_table.to(torch.int32).contiguous()
+
+
 def cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
     """vLLM's compiled ``cp_gather_indexer_k_quant_cache`` (csrc/cache_kernels.cu; not built on
     the CPU), in torch: token t of request r lands in row ``cu_seq_lens[r] + t`` as its 128 code
@@ -152,26 +171,15 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
 
     from deepinfer_sm80.ampere import indexer as I
     from indexer_cases import (_oracle_candidates, _oracle_masked_topk, dyadic_fp8,
-                               dyadic_weights, k_scales, logits64)
+                               dyadic_weights, logits64)
     from vllm.models.deepseek_v4.nvidia import ampere_indexer as mi
     from vllm.v1.attention.backends.mla import indexer as mla
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     g = torch.Generator().manual_seed(sum(map(ord, name)))
-    bs = page_tokens // ratio              # compressed entries per page
     # block-table width (as wide as max_model_len: past every request's pages)
     width = max(6, -(-max(sq for sq, _ in reqs) // page_tokens) + 2)
-    nb = len(reqs) * width + 3
-    codes, vals = dyadic_fp8((nb, bs, D), g)
-    sc = k_scales(nb * bs, g).view(nb, bs)
-    raw = torch.zeros(nb, bs * (D + 4), dtype=torch.uint8)
-    raw[:, : bs * D] = codes.view(nb, -1)
-    raw[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
-    pages = raw.view(nb, bs, D + 4)
-    # Distinct pages per request in a random order; stale ids past each context.
-    block_table = torch.randperm(nb, generator=g)[: len(reqs) * width].view(len(reqs), width)
-    block_table = block_table.to(torch.int32).contiguous()
-
+    pages, vals, sc, block_table = _pages(len(reqs), width, page_tokens // ratio, g)
     spec = MLAAttentionSpec(block_size=page_tokens, num_kv_heads=1, max_tp_shards=1,
                             head_size=D + 4, dtype=torch.uint8, tokens_per_state=ratio,
                             alignment=512)
@@ -267,14 +275,194 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
             "prefill_calls": prefill_calls, "builder": info}
 
 
+# --------------------------------------------------------------- FULL CUDA-graph decode
+
+#: ``--graph``: name -> (speculative tokens, ratio, page tokens, V4.1 candidate step,
+#: [([(seq_len, query_len) per request], padded tokens) per replayed step]). Captured as
+#: vLLM's model runner (V2) captures a uniform-decode graph: ``InputBatch.make_dummy``'s
+#: batch (every request the same query length, seq_len = query length) built with
+#: ``build_for_cudagraph_capture`` at max_seq_len = max_model_len, one eager warm-up run,
+#: then the capture. Each replayed step writes its values into the same model-runner
+#: tensors (query_start_loc, seq_lens, block table, slot mapping), q and the weights,
+#: rebuilds with ``build`` (padding requests of query length 0 and padded tokens, as the
+#: runner pads a smaller batch to the graph's size) and replays; on the CPU the replay is
+#: emulated (``_forward`` on the captured metadata objects). The capture's batch is
+#: uniform, so vLLM flattens it with the uniform kernel and the adapter regroups it to
+#: [requests, next_n] rows; a padded replay takes vLLM's variable path into the same
+#: buffers. ``rebuild=False`` replays without rebuilding: the negative control.
+GRAPH_CASES = {
+    "graph_flat_c4": (5, 4, 256, None,
+                      [([(1000, 6), (411, 6), (777, 6), (40, 6)], 0),
+                       ([(1000, 6), (411, 6), (0, 0), (0, 0)], 12),
+                       ([(1500, 6), (90, 6), (300, 6), (0, 0)], 6)]),
+    "graph_native2_c4": (1, 4, 256, None,
+                         [([(900, 2), (35, 2), (640, 2)], 0),
+                          ([(1200, 2), (60, 2), (0, 0)], 2)]),
+    "graph_plain_c4": (0, 4, 256, None,
+                       [([(900, 1), (35, 1), (640, 1), (5, 1)], 0),
+                        ([(1300, 1), (80, 1), (0, 0), (0, 0)], 2)]),
+    "graph_v41_flat_c2_write": (3, 2, 128, "write",
+                                [([(300, 4), (97, 4), (520, 4)], 0),
+                                 ([(340, 4), (0, 0), (0, 0)], 8)]),
+    "control_graph_no_rebuild": (5, 4, 256, None,
+                                 [([(1000, 6), (411, 6), (777, 6)], 0)]),
+}
+
+
+def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
+    """``InputBatch.make_dummy``'s requests: ``ntok // nreq`` tokens each, one more for the
+    last ``ntok % nreq``; seq_len = query length."""
+    base, extra = divmod(ntok, nreq)
+    q = [base] * (nreq - extra) + [base + 1] * extra
+    return [(x, x) for x in q]
+
+
+def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand, steps
+                   ) -> dict:
+    import torch
+
+    from deepinfer_sm80.ampere import indexer as I
+    from indexer_cases import (_oracle_candidates, dyadic_fp8, dyadic_weights, logits64)
+    from vllm.models.deepseek_v4.nvidia import ampere_indexer as mi
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.mla import indexer as mla
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    nreq = len(steps[0][0])
+    ntok = sum(q for _, q in steps[0][0]) + steps[0][1]
+    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
+        "a graph replays one padded shape"
+    max_model_len = 4096
+    width = max_model_len // page_tokens
+    pages, vals, sc, block_table = _pages(nreq, width, page_tokens // ratio, g)
+    spec = MLAAttentionSpec(block_size=page_tokens, num_kv_heads=1, max_tp_shards=1,
+                            head_size=D + 4, dtype=torch.uint8, tokens_per_state=ratio,
+                            alignment=512)
+    cfg = _config(num_spec, page_tokens)
+    with harness._patched([(mla, "num_compute_units", lambda *a: 108)]):
+        builder = mla.DeepseekV32IndexerMetadataBuilder(
+            spec, ["l.indexer.k_cache"], cfg, torch.device(DEVICE), block_table_width=width)
+    # the model runner's persistent inputs
+    run = types.SimpleNamespace(
+        qsl=torch.zeros(nreq + 1, dtype=torch.int32, device=DEVICE),
+        seq=torch.zeros(nreq, dtype=torch.int32, device=DEVICE),
+        bt=block_table.to(DEVICE), slots=torch.zeros(ntok, dtype=torch.int64, device=DEVICE))
+
+    def common(reqs, capture: bool):
+        qlens = [q for _, q in reqs]
+        qsl = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+        seq = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
+        slots = [int(block_table[r, pos // page_tokens]) * page_tokens + pos % page_tokens
+                 for r, (s, q) in enumerate(reqs) for pos in range(s - q, s)]
+        run.qsl.copy_(qsl)
+        run.seq.copy_(seq)
+        run.slots.copy_(torch.tensor(slots + [-1] * (ntok - len(slots)), dtype=torch.int64))
+        return CommonAttentionMetadata(
+            query_start_loc=run.qsl, query_start_loc_cpu=qsl, seq_lens=run.seq,
+            num_reqs=nreq, num_actual_tokens=ntok, max_query_len=max(qlens),
+            max_seq_len=max_model_len if capture else int(seq.max()),
+            block_table_tensor=run.bt, slot_mapping=run.slots, seq_lens_cpu_upper_bound=seq)
+
+    spare = 3
+    buf = torch.full((ntok + spare, TOPK), -7, dtype=torch.int32, device=DEVICE)
+    qbuf = torch.zeros(ntok, H, D, dtype=torch.uint8, device=DEVICE)
+    wbuf = torch.zeros(ntok, H, dtype=torch.float32, device=DEVICE)
+    x = torch.zeros(ntok + spare, 8, device=DEVICE)
+    op = object.__new__(mi.AmpereSparseAttnIndexer)
+    torch.nn.Module.__init__(op)
+    op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages.to(DEVICE))
+    op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, TOPK, D
+    op.max_total_seq_len = max_model_len
+    blocks = None
+    if cand is not None:
+        blocks = torch.full((ntok + spare, CAND_BLOCKS), -7, dtype=torch.int32, device=DEVICE)
+        op.candidate_blocks, op.candidate_block_size = blocks, CAND_BLOCK
+        op.candidate_write = cand == "write"
+
+    def forward(md):
+        with harness._patched([(mi, "get_forward_context", lambda: types.SimpleNamespace(
+                attn_metadata={"l.indexer.k_cache": md}))]):
+            op._forward(x, qbuf.view(torch.float8_e4m3fn), None, wbuf)
+
+    def fresh_inputs():
+        q, q64 = dyadic_fp8((ntok, H, D), g)
+        w64 = dyadic_weights((ntok, H), g)
+        qbuf.copy_(q.to(DEVICE))
+        wbuf.copy_(w64.float().to(DEVICE))
+        return q64, w64
+
+    def compare(reqs, q64, w64, step: str) -> dict:
+        got_buf = buf.cpu()
+        got_blocks = None if blocks is None else blocks.cpu()
+        bad, t = [], 0
+        for r, (s, qlen) in enumerate(reqs):
+            kv = torch.cat([vals[int(pg)] for pg in block_table[r]])
+            ks = torch.cat([sc[int(pg)] for pg in block_table[r]])
+            for j in range(qlen):
+                n = (s - qlen + 1 + j) // ratio
+                L = logits64(q64[t:t + 1], w64[t:t + 1], kv, ks)
+                valid = (torch.arange(kv.shape[0]) < n).unsqueeze(0)
+                if cand == "write":
+                    good = got_blocks[t].tolist() == _oracle_candidates(L[0], n, CAND_BLOCK,
+                                                                        CAND_BLOCKS)
+                else:
+                    good = ({x for x in got_buf[t].tolist() if x >= 0}
+                            == I.reference_topk_sets(L, valid, TOPK)[0])
+                if not good or (got_buf[t] == -7).any():
+                    bad.append(t)
+                t += 1
+        past = bool((got_buf[ntok:] == -1).all())
+        return {"step": step, "tokens": t, "bad_rows": bad[:8], "rows_past_batch_fill": past}
+
+    dummy = _dummy_reqs(nreq, ntok)
+    captured = builder.build_for_cudagraph_capture(common(dummy, capture=True))
+    info = {"capture_uniform": bool(captured.decode.decode_is_uniform),
+            "capture_seq_lens_shape": list(captured.decode.seq_lens.shape),
+            "num_decode_tokens": captured.num_decode_tokens}
+    q64, w64 = fresh_inputs()
+    forward(captured)  # the eager warm-up run
+    results = [compare(dummy, q64, w64, "capture (eager warm-up)")]
+    graph = None
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward(captured)
+    replay_uniform = []
+    for reqs, _pad in steps:
+        cm = common(reqs, capture=False)
+        if not name.startswith("control_"):
+            md = builder.build(0, cm)
+            replay_uniform.append(bool(md.decode.decode_is_uniform))
+        q64, w64 = fresh_inputs()
+        buf.fill_(-7)
+        if blocks is not None:
+            blocks.fill_(-7)
+        if graph is not None:
+            graph.replay()
+            torch.cuda.synchronize()
+        else:
+            forward(captured)  # the graph's view: the capture's Python objects
+        results.append(compare(reqs, q64, w64, "replay"))
+    info["replay_uniform"] = replay_uniform
+    ok = all(not r["bad_rows"] and r["rows_past_batch_fill"] for r in results)
+    return {"ok": bool(ok), "steps": results, "graph": graph is not None, "builder": info}
+
+
 def main(argv=None) -> int:
     ap = checks.arg_parser(__doc__)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--graph", action="store_true",
+                    help="the FULL CUDA-graph cases (GRAPH_CASES; emulated on the CPU)")
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
     checks.boot(args.tree, args.overlay, args.capability,
                 ("vllm.models.deepseek_v4.nvidia.ampere_indexer",), device=DEVICE)
+    if args.graph:
+        return checks.run_cases(args.case or list(GRAPH_CASES),
+                                lambda name: run_graph_case(name, *GRAPH_CASES[name]))
     return checks.run_cases(args.case or list(CASES), lambda name: run_case(name, *CASES[name]))
 
 

@@ -152,28 +152,37 @@ CASES: dict[str, dict] = {
 # --------------------------------------------------------------------------- config
 
 
-#: FULL CUDA-graph decode (``--graph``), as tests/vllm_attention_check.GRAPH_CASES: the
-#: first step built as vLLM captures (``build_for_cudagraph_capture``, max_seq_len =
-#: max_model_len, no replay start: "graph captures build without it"), warmed up eagerly and
-#: captured; later steps rewrite the same model-runner tensors, the top-k rows and q,
-#: rebuild with ``build`` (the model state's replay starts, zero for decodes) and replay
-#: (emulated on the CPU). ``rebuild=False``: the negative control.
+#: FULL CUDA-graph decode (``--graph``), as tests/vllm_attention_check.GRAPH_CASES: captured
+#: with vLLM's dummy batch for the graph's size, built as vLLM captures
+#: (``build_for_cudagraph_capture``, max_seq_len = max_model_len, no replay start: "graph
+#: captures build without it"), warmed up eagerly; every listed step rewrites the same
+#: model-runner tensors, the top-k rows and q, rebuilds with ``build`` (the model state's
+#: replay starts, zero for decodes) and replays (emulated on the CPU). ``rebuild=False``:
+#: the negative control.
 GRAPH_CASES: dict[str, dict] = {
     "graph_r2_decode_next2_padded": dict(
         ratio=2, spec=1, holes=0.3,
         steps=[([(900, 2), (129, 2), (640, 2), (0, 0)], 2),
-               ([(1300, 2), (200, 2), (641, 2), (0, 0)], 2)]),
+               ([(1300, 2), (200, 2), (641, 2), (5, 2)], 0)]),
     "graph_r1_decode_next6_padded": dict(
         ratio=1, spec=5, holes=0.2,
         steps=[([(1000, 6), (411, 6), (0, 0), (0, 0)], 12),
-               ([(700, 6), (950, 6), (0, 0), (0, 0)], 12)]),
+               ([(700, 6), (950, 6), (30, 6), (0, 0)], 6)]),
     "graph_r0_decode_next1": dict(
         ratio=0, spec=0,
-        steps=[([(900, 1), (300, 1), (37, 1)], 0), ([(1200, 1), (20, 1), (400, 1)], 0)]),
+        steps=[([(900, 1), (300, 1), (37, 1)], 0), ([(1200, 1), (0, 0), (0, 0)], 2)]),
     "control_graph_no_rebuild": dict(
         ratio=2, spec=1, rebuild=False,
-        steps=[([(900, 2), (129, 2), (640, 2)], 0), ([(1300, 2), (200, 2), (641, 2)], 0)]),
+        steps=[([(900, 2), (129, 2), (640, 2)], 0)]),
 }
+
+
+def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
+    """The batch vLLM captures a FULL graph with (``InputBatch.make_dummy``): ``ntok //
+    nreq`` tokens per request, one more for the last ``ntok % nreq``; seq_len = query
+    length."""
+    base, extra = divmod(ntok, nreq)
+    return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
 
 
 def _config(case: dict):
@@ -391,7 +400,8 @@ def _common(b, bt, slots, max_seq_len: int | None = None):
         query_start_loc=b.qsl, query_start_loc_cpu=b.qsl_cpu.clone(), seq_lens=b.seq,
         num_reqs=len(b.reqs), num_actual_tokens=b.ntok, max_query_len=max(qlens),
         max_seq_len=int(b.seq_cpu.max()) if max_seq_len is None else max_seq_len,
-        block_table_tensor=bt, slot_mapping=slots, causal=True, positions=b.positions, seq_lens_cpu_upper_bound=b.seq_cpu.clone())
+        block_table_tensor=bt, slot_mapping=slots, causal=True, positions=b.positions,
+        seq_lens_cpu_upper_bound=b.seq_cpu.clone())
 
 
 # --------------------------------------------------------------------------- layer
@@ -595,20 +605,21 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     w = _world(case)
     ratio, steps = case["ratio"], case["steps"]
-    assert all([q for _, q in r] == [q for _, q in steps[0][0]] and p == steps[0][1]
-               for r, p in steps), "a graph replays one padded shape"
+    nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
+    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
+        "a graph replays one padded shape"
+    dummy = _dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
     cfg = _config(case)
     swa_spec, swa_b, c_spec, mla_b = _builders(mod, cfg, ratio)
     blocks = (swa_spec.block_size, c_spec.block_size if c_spec else 0)
-    b0 = _batch(w, steps[0][0], steps[0][1], case, _replay_starts(steps[0][0], swa_spec), g,
-                *blocks)
+    b0 = _batch(w, dummy, 0, case, [0] * nreq, g, *blocks)
     run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
                                        "bt_c", "slots_c") if hasattr(b0, k)}
     replay_buf = torch.zeros(cfg.scheduler_config.max_num_seqs, dtype=torch.int32,
                              device=DEVICE)
-    ndec = len(b0.toks) + steps[0][1]  # a decode-only batch: every token a decode row
+    ndec = ntok  # a decode-only batch: every token a decode row
     topk = _topk_buffer(w, b0, ratio, g, case.get("holes", 0.0), ndec)
-    q = C.make_queries(w, [p for _, p in b0.toks] + [0] * steps[0][1], g)[0].clone()
+    q = C.make_queries(w, [p for _, p in b0.toks], g)[0].clone()
     out = torch.full_like(q, float("nan"))
     layer = _layer(mod, w, ratio, topk, case.get("chunk", 4))
 
@@ -649,10 +660,9 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             _forward(mod, layer, q, out, captured, False)
-    for reqs, pad in steps[1:]:
+    for reqs, pad in steps:
         replay = _replay_starts(reqs, swa_spec)
         b = _batch(w, reqs, pad, case, replay, g, *blocks)
-        b.qsl_cpu = b0.qsl_cpu  # the same query layout
         for k, t in run.items():  # new values, same tensors
             t.copy_(getattr(b, k))
         b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]

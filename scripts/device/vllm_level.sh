@@ -5,7 +5,7 @@
 # Here:   make gpu-bundle VLLM_DEPS=1; carry dist (without VLLM_DEPS the checks skip).
 # There:  bash scripts/device/vllm_level.sh [all]
 #   (default) the vLLM-level GPU checks only;  all: every GPU test (tests/gpu)
-#   VL_TESTS="FILE ...": these test files instead
+#   VL_TESTS="FILE ...": these test files instead; VL_K=EXPR: pytest -k EXPR
 # VL_PROBE=1 first lists the modules the checks' import chain lacks here
 # (scripts/device/vllm_missing_modules.py).
 # Logs come back in $OUT/vllm-level-logs.tgz.
@@ -21,7 +21,8 @@ TESTS=(tests/gpu/test_vllm_indexer_decode_gpu.py tests/gpu/test_vllm_attention_g
 [ "$MODE" = all ] && TESTS=(tests/gpu)
 [ -n "${VL_TESTS:-}" ] && read -r -a TESTS <<< "$VL_TESTS"
 existing=(); for t in "${TESTS[@]}"; do [ -e "$t" ] && existing+=("$t"); done
-timeout 540 $PY -m pytest -q -rs -p no:cacheprovider "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+kk=(); [ -n "${VL_K:-}" ] && kk=(-k "$VL_K")
+timeout 540 $PY -m pytest -q -rs -p no:cacheprovider "${kk[@]}" "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -25 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
 echo "=== gpu tests ($MODE) rc=$rc ($((SECONDS - t0)) s)"
 echo "vllm_level.sh rc=$rc"; exit $rc

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import vllm_builder_check as checks  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 from test_vllm_indexer_decode_sm80 import EXPECTED, check_case  # noqa: E402
+import test_vllm_indexer_decode_sm80 as cpu  # noqa: E402,I001
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +46,33 @@ def results(ext):
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_topk_on_cuda_matches_oracle_in_the_fast_shape(results, case):
     check_case(results, case)
+
+
+@pytest.fixture(scope="module")
+def graph_results(ext):
+    """The FULL CUDA-graph cases (--graph), on a real graph; the same skips as ``results``."""
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
+    from upstream_import import UpstreamImportError, find_tree
+
+    try:
+        tree = find_tree(version=harness.VLLM_VERSION)
+    except UpstreamImportError as e:
+        pytest.skip(str(e))
+    return checks.run_check("vllm_indexer_decode_check.py", tree, "--device", "cuda",
+                            "--graph", interpret=False, timeout=600)
+
+
+def test_graph_every_case_ran_on_cuda(graph_results):
+    cpu.test_graph_every_case_ran(graph_results)
+
+
+@pytest.mark.parametrize("case", sorted(cpu.GRAPH_STEPS))
+def test_graph_replays_on_cuda_match_the_oracle(graph_results, case):
+    cpu.check_graph_case(graph_results, case, graph=True)
+
+
+@pytest.mark.parametrize("case", cpu.GRAPH_CONTROLS)
+def test_graph_replay_without_rebuild_fails_on_cuda(graph_results, case):
+    cpu.check_graph_control(graph_results, case)
