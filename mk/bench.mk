@@ -7,7 +7,7 @@
 #                                       dist/deepinfer-gpu-bundle.tar.gz for an offline GPU box
 #                                       (TREE: vLLM tree, default the applied build/vllm-$(VLLM);
 #                                       VLLM_DEPS=1: with vLLM's Python dependencies, for the
-#                                       vLLM-level GPU checks, about 10 MB more)
+#                                       vLLM-level GPU checks; 33 MB against 11 MB)
 BENCH      ?= *
 BENCH_ARGS ?=
 TREE       ?= build/vllm-$(VLLM)
