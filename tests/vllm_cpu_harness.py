@@ -53,6 +53,9 @@ REQUIRED_MODULES = (
     "regex", "pydantic", "cbor2", "psutil", "zmq", "transformers", "aiohttp", "requests",
     "openai_harmony", "openai", "PIL", "pybase64", "cachetools", "msgspec", "cloudpickle",
     "cpuinfo", "prometheus_client", "fastapi", "partial_json_parser", "einops", "triton",
+    # imported at module level too (vllm/v1/structured_output, vllm/v1/utils.py): found
+    # missing on the device image once the ones above were there (2026-12-03)
+    "xgrammar", "llguidance", "uvloop",
 )
 
 #: ``vllm._custom_ops`` capability queries called at import time -> minimum capability.
