@@ -176,14 +176,6 @@ GRAPH_CASES: dict[str, dict] = {
 # --------------------------------------------------------------------------- config
 
 
-def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
-    """The batch vLLM captures a FULL graph with (``InputBatch.make_dummy``): ``ntok //
-    nreq`` tokens per request, one more for the last ``ntok % nreq``; seq_len = query
-    length."""
-    base, extra = divmod(ntok, nreq)
-    return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
-
-
 def _config(case: dict):
     """A stand-in ``VllmConfig`` with the fields the two builders read: DeepSeek-V4's
     window 128 and index top-k 512, one layer of each kind (compress ratios 4, 128, 0),
@@ -531,7 +523,7 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
     assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
         "a graph replays one padded shape"
-    dummy = _dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
+    dummy = checks.dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
     # the model runner's persistent inputs, the indexer's output buffer, q and out
     b0 = _batch(w, dummy, 0, case, g)
     run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",

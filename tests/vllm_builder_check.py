@@ -5,8 +5,9 @@ and of their pytest wrappers.
 In the check (a subprocess): :func:`arg_parser`, :func:`boot` (the tree under the CUDA
 platform mocked to a capability, the working copy's overlay modules over the tree's copies,
 vLLM's workspace manager), :func:`run_cases` (one ``RESULT {json}`` line, a failing case
-reported with where it failed), :func:`with_env`, :func:`require_extension_ops`.
-In the wrapper: :func:`applied_tree` and :func:`run_check`."""
+reported with where it failed), :func:`with_env`, :func:`require_extension_ops`,
+:func:`dummy_reqs`.
+In the wrapper: :func:`applied_tree`, :func:`gpu_tree` and :func:`run_check`."""
 
 from __future__ import annotations
 
@@ -94,6 +95,14 @@ def require_extension_ops(ops, device: str) -> None:
         assert not other, f"not the CUDA extension's ops on {device}: {other}"
 
 
+def dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
+    """The batch vLLM's model runner (V2) captures a FULL CUDA graph with
+    (``InputBatch.make_dummy``): ``ntok // nreq`` tokens per request, one more for the last
+    ``ntok % nreq``; seq_len = query length. As ``[(seq_len, query_len)]``."""
+    base, extra = divmod(ntok, nreq)
+    return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
+
+
 def run_cases(names: list[str], run: Callable[[str], dict]) -> int:
     """``run(name)`` for each case; prints ``RESULT {case: result}``, a case that raised as
     ``{"ok": False, "error", "where"}``."""
@@ -139,6 +148,24 @@ def applied_tree() -> Path:
     if not (tree / "vllm" / "__init__.py").is_file():
         pytest.skip(f"no applied vLLM {harness.VLLM_VERSION} tree: run `make apply`")
     return tree
+
+
+def gpu_tree() -> Path:
+    """The vLLM tree for a GPU variant ($DEEPINFER_VLLM_TREE, build/vllm-<version> or the
+    GPU bundle's vllm-tree/); pytest.skip naming what is missing (vLLM's Python
+    dependencies, the tree)."""
+    import pytest
+
+    missing = harness.missing_dependencies()
+    if missing:
+        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from upstream_import import UpstreamImportError, find_tree
+
+    try:
+        return find_tree(version=harness.VLLM_VERSION)
+    except UpstreamImportError as e:
+        pytest.skip(str(e))
 
 
 def run_check(script: str, tree: Path, *args: str, interpret: bool = True,

@@ -309,14 +309,6 @@ GRAPH_CASES = {
 }
 
 
-def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
-    """``InputBatch.make_dummy``'s requests: ``ntok // nreq`` tokens each, one more for the
-    last ``ntok % nreq``; seq_len = query length."""
-    base, extra = divmod(ntok, nreq)
-    q = [base] * (nreq - extra) + [base + 1] * extra
-    return [(x, x) for x in q]
-
-
 def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand, steps
                    ) -> dict:
     import torch
@@ -415,7 +407,7 @@ def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand,
         past = bool((got_buf[ntok:] == -1).all())
         return {"step": step, "tokens": t, "bad_rows": bad[:8], "rows_past_batch_fill": past}
 
-    dummy = _dummy_reqs(nreq, ntok)
+    dummy = checks.dummy_reqs(nreq, ntok)
     captured = builder.build_for_cudagraph_capture(common(dummy, capture=True))
     info = {"capture_uniform": bool(captured.decode.decode_is_uniform),
             "capture_seq_lens_shape": list(captured.decode.seq_lens.shape),

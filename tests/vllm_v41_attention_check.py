@@ -177,14 +177,6 @@ GRAPH_CASES: dict[str, dict] = {
 }
 
 
-def _dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
-    """The batch vLLM captures a FULL graph with (``InputBatch.make_dummy``): ``ntok //
-    nreq`` tokens per request, one more for the last ``ntok % nreq``; seq_len = query
-    length."""
-    base, extra = divmod(ntok, nreq)
-    return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
-
-
 def _config(case: dict):
     """A stand-in ``VllmConfig`` with the fields the builders and the layer's cache specs
     read: ``tests/vllm_cpu_harness._v41_config``'s V4.1 shape (window 128, index top-k
@@ -608,7 +600,7 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
     assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
         "a graph replays one padded shape"
-    dummy = _dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
+    dummy = checks.dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
     cfg = _config(case)
     swa_spec, swa_b, c_spec, mla_b = _builders(mod, cfg, ratio)
     blocks = (swa_spec.block_size, c_spec.block_size if c_spec else 0)

@@ -23,23 +23,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import vllm_builder_check as checks  # noqa: E402
-import vllm_cpu_harness as harness  # noqa: E402
 from test_vllm_indexer_decode_sm80 import EXPECTED, check_case  # noqa: E402
 import test_vllm_indexer_decode_sm80 as cpu  # noqa: E402,I001
 
 
 @pytest.fixture(scope="module")
 def results(ext):
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
-    from upstream_import import UpstreamImportError, find_tree
-
-    try:
-        tree = find_tree(version=harness.VLLM_VERSION)
-    except UpstreamImportError as e:
-        pytest.skip(str(e))
-    return checks.run_check("vllm_indexer_decode_check.py", tree, "--device", "cuda",
+    return checks.run_check("vllm_indexer_decode_check.py", checks.gpu_tree(), "--device", "cuda",
                             interpret=False, timeout=600)
 
 
@@ -51,16 +41,7 @@ def test_topk_on_cuda_matches_oracle_in_the_fast_shape(results, case):
 @pytest.fixture(scope="module")
 def graph_results(ext):
     """The FULL CUDA-graph cases (--graph), on a real graph; the same skips as ``results``."""
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
-    from upstream_import import UpstreamImportError, find_tree
-
-    try:
-        tree = find_tree(version=harness.VLLM_VERSION)
-    except UpstreamImportError as e:
-        pytest.skip(str(e))
-    return checks.run_check("vllm_indexer_decode_check.py", tree, "--device", "cuda",
+    return checks.run_check("vllm_indexer_decode_check.py", checks.gpu_tree(), "--device", "cuda",
                             "--graph", interpret=False, timeout=600)
 
 

@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import test_vllm_v41_attention_sm80 as cpu  # noqa: E402
 import vllm_builder_check as checks  # noqa: E402
-import vllm_cpu_harness as harness  # noqa: E402
 
 #: The CPU test's checks of what vLLM hands the adapter (replay starts, gather lengths,
 #: padded slots, decode lengths, chunk plans): the same on the GPU.
@@ -44,16 +43,7 @@ LAYOUT_CHECKS = (
 
 @pytest.fixture(scope="module")
 def results(ext):
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
-    from upstream_import import UpstreamImportError, find_tree
-
-    try:
-        tree = find_tree(version=harness.VLLM_VERSION)
-    except UpstreamImportError as e:
-        pytest.skip(str(e))
-    return checks.run_check("vllm_v41_attention_check.py", tree, "--device", "cuda",
+    return checks.run_check("vllm_v41_attention_check.py", checks.gpu_tree(), "--device", "cuda",
                             interpret=False, timeout=600)
 
 
@@ -80,17 +70,8 @@ def test_vllms_layouts_on_cuda(results, check):
 @pytest.fixture(scope="module")
 def graph_results(ext):
     """The FULL CUDA-graph cases (--graph), on a real graph; the same skips as ``results``."""
-    missing = harness.missing_dependencies()
-    if missing:
-        pytest.skip(f"vLLM's pure-Python dependencies missing here: {', '.join(missing)}")
-    from upstream_import import UpstreamImportError, find_tree
-
-    try:
-        tree = find_tree(version=harness.VLLM_VERSION)
-    except UpstreamImportError as e:
-        pytest.skip(str(e))
-    return checks.run_check("vllm_v41_attention_check.py", tree, "--device", "cuda", "--graph",
-                            interpret=False, timeout=600)
+    return checks.run_check("vllm_v41_attention_check.py", checks.gpu_tree(), "--device",
+                            "cuda", "--graph", interpret=False, timeout=600)
 
 
 def test_graph_every_case_ran_on_cuda(graph_results):
