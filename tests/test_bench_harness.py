@@ -285,7 +285,8 @@ def test_gpu_bundle_vllm_deps_reach_only_the_vllm_level_checks(tmp_path, monkeyp
         tar.extractall(tmp_path / "u", filter="data")
     top = tmp_path / "u" / bundle.TOP
     assert (top / "wheelhouse-vllm" / "deepinfer_probe_dep-1.0-py3-none-any.whl").is_file()
-    assert (top / "wheelhouse-vllm/MODULES").read_text() == "xgrammar-1.0-py3-none-any.whl xgrammar\n"
+    modules = (top / "wheelhouse-vllm/MODULES").read_text()
+    assert modules == "xgrammar-1.0-py3-none-any.whl xgrammar\n"
     pytest.importorskip("zmq")
     pytest.importorskip("xgrammar")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEEPINFER_VLLM_DEPS")}
@@ -382,3 +383,28 @@ def test_bench_scripts_take_their_paths_from_one_module():
                  if p.name not in ("_paths.py", "upstream_import.py")
                  and "sys.path.insert" in p.read_text()]
     assert offenders == []
+
+
+def test_vllm_missing_modules_probe_finds_and_stubs_missing_ones():
+    """scripts/device/vllm_missing_modules.py (run on the GPU box before the vLLM-level
+    checks), against the applied tree with a module hidden: it names it, stubs it and
+    boots the chain, exiting 1 (nothing else is missing here; the checks boot themselves)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import vllm_cpu_harness as harness
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    if harness.missing_dependencies():
+        pytest.skip("vLLM's pure-Python dependencies are not installed")
+    tree = ROOT / "build" / f"vllm-{harness.VLLM_VERSION}"
+    if not (tree / "vllm" / "__init__.py").is_file():
+        pytest.skip("no applied vLLM tree: run `make apply`")
+    script = ROOT / "scripts" / "device" / "vllm_missing_modules.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, str(script), "--tree", str(tree), "--hide", "xgrammar"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-2:] == [
+        "missing: xgrammar", "the chain imports with these stubbed: ['xgrammar']"], r.stdout

@@ -26,6 +26,17 @@ CHILD = r"""
 import importlib.abc, importlib.machinery, json, sys, types
 from pathlib import Path
 stubbed = set(json.loads(sys.argv[1]))
+hidden = set(json.loads(sys.argv[5]))
+
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in hidden - stubbed:
+            raise ModuleNotFoundError(f"No module named {fullname!r} (hidden)", name=fullname)
+
+def _stub_attr(attr):
+    if attr.startswith("__"):  # no made-up dunders (callers probe __file__, __version__...)
+        raise AttributeError(attr)
+    return type(attr, (), {})
 
 class Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
@@ -34,12 +45,14 @@ class Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         m = types.ModuleType(spec.name)
         m.__path__ = []
-        m.__getattr__ = lambda attr: type(attr, (), {})
+        m.__file__ = f"<stub of {spec.name}>"
+        m.__getattr__ = _stub_attr
         return m
     def exec_module(self, module):
         pass
 
 sys.meta_path.insert(0, Stub())
+sys.meta_path.insert(0, Hide())
 sys.path.insert(0, sys.argv[3])
 import vllm_builder_check as checks
 mods = tuple(f"vllm.models.deepseek_v4.nvidia.{m}"
@@ -58,6 +71,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, default=ROOT / "vllm-tree")
     ap.add_argument("--max", type=int, default=20)
+    ap.add_argument("--hide", action="append", default=[],
+                    help="treat this module as missing (to check the probe itself)")
     args = ap.parse_args(argv)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     env.pop("PYTHONPATH", None)
@@ -67,7 +82,8 @@ def main(argv=None) -> int:
     missing: list[str] = []
     for _ in range(args.max):
         p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(missing), str(args.tree),
-                            str(ROOT / "tests"), str(ROOT / "overlay")],
+                            str(ROOT / "tests"), str(ROOT / "overlay"),
+                            json.dumps(args.hide)],
                            capture_output=True, text=True, env=env, timeout=600)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("MISSING ", "BOOTED"))]
         if lines and lines[-1] == "BOOTED":
