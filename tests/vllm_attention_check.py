@@ -520,14 +520,11 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     ratio, causal = case["ratio"], not case.get("dspark")
     swa_b, mla_b = _builders(mod, _config(case), ratio)
     steps = case["steps"]
-    nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
-    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
-        "a graph replays one padded shape"
-    dummy = checks.dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
+    # the capture's batch, as vLLM's runner makes it
+    dummy = checks.dummy_reqs(*checks.graph_shape(steps))
     # the model runner's persistent inputs, the indexer's output buffer, q and out
     b0 = _batch(w, dummy, 0, case, g)
-    run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
-                                       "bt_c", "slots_c") if hasattr(b0, k)}
+    run = checks.rewrite_inputs(None, b0)
     topk = _topk_buffer(w, b0, ratio, g)
     q = C.make_queries(w, [p for _, p in b0.toks], g)[0].clone()
     out = torch.full_like(q, float("nan"))
@@ -553,34 +550,24 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     forward(captured)  # the warm-up run (eager, the capture's metadata)
     first = dict(_compare(w, b0, q, out, topk, case), step="capture (eager warm-up)",
                  **_describe(captured[SWA_PREFIX], captured.get(ATTN_PREFIX)))
-    graph = None
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            forward(captured)
+    graph = checks.CapturedForward(forward, captured, DEVICE)
     results = [first]
     for reqs, pad in steps:
         b = _batch(w, reqs, pad, case, g)
-        for k, t in run.items():  # new values, same tensors
-            t.copy_(getattr(b, k))
-        b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]
+        checks.rewrite_inputs(run, b)  # new values, same tensors
         topk.copy_(_topk_buffer(w, b, ratio, g))
         q.copy_(C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)[0])
         out.fill_(float("nan"))
         fresh = build(b, capture=False) if case.get("rebuild", True) else None
-        if graph is not None:
-            graph.replay()
-            torch.cuda.synchronize()
-        else:
-            forward(captured)  # the graph's view: the capture's Python objects
+        graph.replay()
         info = dict(_compare(w, b, q, out, topk, case), step="replay")
         if fresh is not None:
             info.update(_describe(fresh[SWA_PREFIX], fresh.get(ATTN_PREFIX)))
         results.append(info)
     worst = max(r["max_rel_err"] for r in results)
     ok = all(not r["bad_tokens"] for r in results) and worst <= TOL
-    return {"ok": bool(ok), "max_rel_err": worst, "steps": results, "graph": graph is not None}
+    return {"ok": bool(ok), "max_rel_err": worst, "steps": results,
+            "graph": graph.graph is not None}
 
 
 # --------------------------------------------------------------------------- main

@@ -103,6 +103,55 @@ def dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
     return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
 
 
+def graph_shape(steps) -> tuple[int, int]:
+    """(requests, tokens incl. padded ones) of a graph case's ``[(reqs, pad)]`` steps, which
+    must all have that one padded shape (a graph replays one shape)."""
+    nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
+    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
+        "a graph replays one padded shape"
+    return nreq, ntok
+
+
+#: The model runner's persistent per-step inputs in the attention checks' batch namespaces.
+RUNNER_FIELDS = ("qsl", "seq", "positions", "bt_swa", "slots_swa", "bt_c", "slots_c")
+
+
+def rewrite_inputs(run: dict | None, b) -> dict:
+    """The model runner's step: ``b``'s values written into the persistent tensors ``run``
+    (taken from ``b`` when None, at capture), and ``b`` pointed at them. Returns ``run``."""
+    if run is None:
+        return {k: getattr(b, k) for k in RUNNER_FIELDS if hasattr(b, k)}
+    for k, t in run.items():
+        t.copy_(getattr(b, k))
+        setattr(b, k, t)
+    return run
+
+
+class CapturedForward:
+    """``forward(md)`` captured in a CUDA graph on ``device`` "cuda" (after the caller's
+    eager warm-up); elsewhere :meth:`replay` emulates the graph by running ``forward`` on the
+    captured metadata objects again, which is what a replay sees from the host side."""
+
+    def __init__(self, forward: Callable[[Any], None], md, device: str):
+        import torch
+
+        self.forward, self.md, self.graph = forward, md, None
+        if device == "cuda":
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                forward(md)
+
+    def replay(self) -> None:
+        import torch
+
+        if self.graph is None:
+            self.forward(self.md)
+        else:
+            self.graph.replay()
+            torch.cuda.synchronize()
+
+
 def run_cases(names: list[str], run: Callable[[str], dict]) -> int:
     """``run(name)`` for each case; prints ``RESULT {case: result}``, a case that raised as
     ``{"ok": False, "error", "where"}``."""
@@ -166,6 +215,12 @@ def gpu_tree() -> Path:
         return find_tree(version=harness.VLLM_VERSION)
     except UpstreamImportError as e:
         pytest.skip(str(e))
+
+
+def gpu_results(script: str, *args: str) -> dict[str, Any]:
+    """tests/<script> ``--device cuda`` on this machine's GPU against :func:`gpu_tree`."""
+    return run_check(script, gpu_tree(), "--device", "cuda", *args, interpret=False,
+                     timeout=600)
 
 
 def run_check(script: str, tree: Path, *args: str, interpret: bool = True,

@@ -321,10 +321,7 @@ def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand,
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     g = torch.Generator().manual_seed(sum(map(ord, name)))
-    nreq = len(steps[0][0])
-    ntok = sum(q for _, q in steps[0][0]) + steps[0][1]
-    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
-        "a graph replays one padded shape"
+    nreq, ntok = checks.graph_shape(steps)
     max_model_len = 4096
     width = max_model_len // page_tokens
     pages, vals, sc, block_table = _pages(nreq, width, page_tokens // ratio, g)
@@ -415,12 +412,7 @@ def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand,
     q64, w64 = fresh_inputs()
     forward(captured)  # the eager warm-up run
     results = [compare(dummy, q64, w64, "capture (eager warm-up)")]
-    graph = None
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            forward(captured)
+    graph = checks.CapturedForward(forward, captured, DEVICE)
     replay_uniform = []
     for reqs, _pad in steps:
         cm = common(reqs, capture=False)
@@ -431,15 +423,12 @@ def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand,
         buf.fill_(-7)
         if blocks is not None:
             blocks.fill_(-7)
-        if graph is not None:
-            graph.replay()
-            torch.cuda.synchronize()
-        else:
-            forward(captured)  # the graph's view: the capture's Python objects
+        graph.replay()
         results.append(compare(reqs, q64, w64, "replay"))
     info["replay_uniform"] = replay_uniform
     ok = all(not r["bad_rows"] and r["rows_past_batch_fill"] for r in results)
-    return {"ok": bool(ok), "steps": results, "graph": graph is not None, "builder": info}
+    return {"ok": bool(ok), "steps": results, "graph": graph.graph is not None,
+            "builder": info}
 
 
 def main(argv=None) -> int:

@@ -597,16 +597,13 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     w = _world(case)
     ratio, steps = case["ratio"], case["steps"]
-    nreq, ntok = len(steps[0][0]), sum(q for _, q in steps[0][0]) + steps[0][1]
-    assert all(len(r) == nreq and sum(q for _, q in r) + p == ntok for r, p in steps), \
-        "a graph replays one padded shape"
+    nreq, ntok = checks.graph_shape(steps)
     dummy = checks.dummy_reqs(nreq, ntok)  # the capture's batch, as vLLM's runner makes it
     cfg = _config(case)
     swa_spec, swa_b, c_spec, mla_b = _builders(mod, cfg, ratio)
     blocks = (swa_spec.block_size, c_spec.block_size if c_spec else 0)
     b0 = _batch(w, dummy, 0, case, [0] * nreq, g, *blocks)
-    run = {k: getattr(b0, k) for k in ("qsl", "seq", "positions", "bt_swa", "slots_swa",
-                                       "bt_c", "slots_c") if hasattr(b0, k)}
+    run = checks.rewrite_inputs(None, b0)
     replay_buf = torch.zeros(cfg.scheduler_config.max_num_seqs, dtype=torch.int32,
                              device=DEVICE)
     ndec = ntok  # a decode-only batch: every token a decode row
@@ -646,32 +643,23 @@ def run_graph_case(mod, name: str, case: dict) -> dict:
     assert captured[SWA_PREFIX].num_decode_tokens == ndec, "decode-only graph cases"
     _forward(mod, layer, q, out, captured, False)  # the eager warm-up run
     results = [compare(b0, [0] * len(b0.reqs), "capture (eager warm-up)")]
-    graph = None
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            _forward(mod, layer, q, out, captured, False)
+    graph = checks.CapturedForward(lambda md: _forward(mod, layer, q, out, md, False),
+                                   captured, DEVICE)
     for reqs, pad in steps:
         replay = _replay_starts(reqs, swa_spec)
         b = _batch(w, reqs, pad, case, replay, g, *blocks)
-        for k, t in run.items():  # new values, same tensors
-            t.copy_(getattr(b, k))
-        b.qsl, b.seq, b.positions = run["qsl"], run["seq"], run["positions"]
+        checks.rewrite_inputs(run, b)  # new values, same tensors
         topk.copy_(_topk_buffer(w, b, ratio, g, case.get("holes", 0.0), ndec))
         q.copy_(C.make_queries(w, [p for _, p in b.toks] + [0] * pad, g)[0])
         out.fill_(float("nan"))
         if case.get("rebuild", True):
             build(b, replay, capture=False)
-        if graph is not None:
-            graph.replay()
-            torch.cuda.synchronize()
-        else:
-            _forward(mod, layer, q, out, captured, False)  # the capture's Python objects
+        graph.replay()
         results.append(compare(b, replay, "replay"))
     worst = max(r["max_rel_err"] for r in results)
     ok = all(not r["bad_tokens"] for r in results) and worst <= TOL
-    return {"ok": bool(ok), "max_rel_err": worst, "steps": results, "graph": graph is not None}
+    return {"ok": bool(ok), "max_rel_err": worst, "steps": results,
+            "graph": graph.graph is not None}
 
 
 # --------------------------------------------------------------------------- main

@@ -29,8 +29,7 @@ import test_vllm_indexer_decode_sm80 as cpu  # noqa: E402,I001
 
 @pytest.fixture(scope="module")
 def results(ext):
-    return checks.run_check("vllm_indexer_decode_check.py", checks.gpu_tree(), "--device", "cuda",
-                            interpret=False, timeout=600)
+    return checks.gpu_results("vllm_indexer_decode_check.py")
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -41,8 +40,7 @@ def test_topk_on_cuda_matches_oracle_in_the_fast_shape(results, case):
 @pytest.fixture(scope="module")
 def graph_results(ext):
     """The FULL CUDA-graph cases (--graph), on a real graph; the same skips as ``results``."""
-    return checks.run_check("vllm_indexer_decode_check.py", checks.gpu_tree(), "--device", "cuda",
-                            "--graph", interpret=False, timeout=600)
+    return checks.gpu_results("vllm_indexer_decode_check.py", "--graph")
 
 
 def test_graph_every_case_ran_on_cuda(graph_results):

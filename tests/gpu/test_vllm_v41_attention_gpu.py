@@ -43,8 +43,7 @@ LAYOUT_CHECKS = (
 
 @pytest.fixture(scope="module")
 def results(ext):
-    return checks.run_check("vllm_v41_attention_check.py", checks.gpu_tree(), "--device", "cuda",
-                            interpret=False, timeout=600)
+    return checks.gpu_results("vllm_v41_attention_check.py")
 
 
 @pytest.mark.parametrize("case", sorted(cpu.SPLITS))
@@ -70,8 +69,7 @@ def test_vllms_layouts_on_cuda(results, check):
 @pytest.fixture(scope="module")
 def graph_results(ext):
     """The FULL CUDA-graph cases (--graph), on a real graph; the same skips as ``results``."""
-    return checks.run_check("vllm_v41_attention_check.py", checks.gpu_tree(), "--device",
-                            "cuda", "--graph", interpret=False, timeout=600)
+    return checks.gpu_results("vllm_v41_attention_check.py", "--graph")
 
 
 def test_graph_every_case_ran_on_cuda(graph_results):

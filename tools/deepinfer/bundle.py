@@ -102,15 +102,20 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -c 'import torch, triton' || {
   echo "setup.sh: $PYTHON needs torch and triton (the bundle does not ship them)" >&2; exit 1; }
 mkdir -p .site .venv/bin
-missing=()
-while read -r whl mod; do
-  [ -n "$whl" ] || continue
-  if PYTHONPATH=.site "$PYTHON" -c "import $mod" 2>/dev/null; then
-    echo "setup.sh: $mod already importable, skipping $whl"
-  else
-    missing+=("wheelhouse/$whl")
-  fi
-done < wheelhouse/MODULES
+# missing_wheels LIST DIR: the wheels named in LIST ("wheel module" lines) whose module
+# this machine cannot import, as DIR/wheel paths in the array `missing`
+missing_wheels() {
+  missing=()
+  while read -r whl mod; do
+    [ -n "$whl" ] || continue
+    if PYTHONPATH=.site "$PYTHON" -c "import $mod" 2>/dev/null; then
+      echo "setup.sh: $mod already importable, skipping $whl"
+    else
+      missing+=("$2/$whl")
+    fi
+  done < "$1"
+}
+missing_wheels wheelhouse/MODULES wheelhouse
 if [ ${#missing[@]} -gt 0 ]; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target .site "${missing[@]}"
   echo "setup.sh: installed ${missing[*]} into .site/"
@@ -121,18 +126,10 @@ if [ -d wheelhouse-vllm ]; then
   # the whole resolved set, apart from the machine's packages: only the vLLM-level checks'
   # subprocesses put it on their path ($DEEPINFER_VLLM_DEPS)
   rm -rf .site-vllm
-  extra=()
-  while read -r whl mod; do
-    [ -n "$whl" ] || continue
-    if PYTHONPATH=.site "$PYTHON" -c "import $mod" 2>/dev/null; then
-      echo "setup.sh: $mod already importable, skipping $whl"
-    else
-      extra+=("wheelhouse-vllm/no-deps/$whl")
-    fi
-  done < wheelhouse-vllm/MODULES
+  missing_wheels wheelhouse-vllm/MODULES wheelhouse-vllm/no-deps
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target .site-vllm \
-    wheelhouse-vllm/*.whl "${extra[@]}"
-  echo "setup.sh: vLLM's Python dependencies installed into .site-vllm/ ($(ls wheelhouse-vllm/*.whl | wc -l) + ${#extra[@]} wheels)"
+    wheelhouse-vllm/*.whl "${missing[@]}"
+  echo "setup.sh: vLLM's Python dependencies installed into .site-vllm/"
   vllm_deps="DEEPINFER_VLLM_DEPS=$here/.site-vllm; export DEEPINFER_VLLM_DEPS"
 fi
 py=$(command -v "$PYTHON")
@@ -194,10 +191,9 @@ def download_wheels(dest: Path, specs: dict[str, str], python_version: str, plat
     """``pip download --only-binary=:all:`` each spec for the target Python; ``--no-deps``
     unless ``deps`` (then the resolved set with every dependency)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
-           "--python-version", python_version, "--implementation", "cp", "-d", str(dest)]
-    if not deps:
-        cmd.insert(5, "--no-deps")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", *([] if deps else ["--no-deps"]),
+           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+           "-d", str(dest)]
     for p in platforms:
         cmd += ["--platform", p]
     cmd += list(specs)
