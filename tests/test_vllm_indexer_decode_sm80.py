@@ -43,6 +43,16 @@ EXPECTED = {
     "mixed_c4": ([2, 2], False, [104]),
     "v41_mixed_c2_mask": ([2, 2], False, [30]),
     "v41_prefill_c1_write": (None, False, [117]),
+    # a 1-token request first: the uniform split makes the next_n 2 requests prefills
+    "short_first_mixed_c4": ([1, 1], False, [42]),
+    "v41_short_first_mixed_c2_write": ([1, 1], False, [32]),
+    "v41_short_first_mixed_c2_mask": ([1, 1], False, [32]),
+    "v41_native2_padded_c2_write": ([3, 2], False, []),
+    "v41_native2_padded_c1_mask": ([3, 2], False, []),
+    # the split without require_uniform: decode lengths [1, 2] as [2, 2] padded rows
+    "nonuniform_mixed_c4": ([2, 2], False, [40]),
+    "v41_nonuniform_mixed_c2_write": ([2, 2], False, [30]),
+    "v41_nonuniform_mixed_c2_mask": ([2, 2], False, [30]),
 }
 
 
@@ -92,6 +102,31 @@ def test_the_flattened_lengths_are_a_column(results):
     assert b["decode_is_uniform"] and not b["requires_padding"]
     assert results["flat_variable_c4"]["builder"]["decode_is_uniform"] is False
     assert results["native2_padded_c4"]["builder"]["requires_padding"] is True
+
+
+def test_below_sm90_a_decode_batch_is_uniform_or_padded_at_its_end(results):
+    """vLLM's split keeps a decode batch uniform below SM90 (no flattening for next_n <= 2,
+    no varlen kernel): a 1-token request ahead of 2-token ones leaves them to the prefill, so
+    the padded path sees only CUDA-graph padding requests at the end."""
+    b = results["short_first_mixed_c4"]["builder"]
+    assert (b["num_decodes"], b["num_decode_tokens"], b["requires_padding"]) == (1, 1, False)
+    b = results["v41_native2_padded_c2_write"]["builder"]
+    assert (b["num_decodes"], b["num_decode_tokens"], b["requires_padding"]) == (3, 4, True)
+
+
+def test_a_padded_decode_keeps_token_rows_and_spares_the_prefill_rows(results):
+    """Decode lengths [1, 2] padded to [2, 2] rows, then a prefill whose first token is row 3
+    (what vLLM's builder makes with ``require_uniform=False``): every decode and prefill
+    token's top-k, and V4.1's candidate rows (written by the source, read by a masking
+    layer), are token t's in row t. Upstream's decode slices both buffers in the packed
+    order, over the prefill's row 3; the adapter's packed temporaries avoid that (without
+    them this check fails on rows 1-3)."""
+    for case in ("nonuniform_mixed_c4", "v41_nonuniform_mixed_c2_write",
+                 "v41_nonuniform_mixed_c2_mask"):
+        b = results[case]["builder"]
+        assert b["requires_padding"] and b["num_decode_tokens"] == 3, b
+        assert b["prefill_chunks"][0][0] == 3, b
+        check_case(results, case)
 
 
 # ------------------------------------------------------------- FULL CUDA-graph decode

@@ -100,12 +100,11 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
             raise ValueError("DeepSeek-V4 on SM80: context parallelism is not supported")
 
     def _candidates(self, r0: int, r1: int) -> ampere_indexer.CandidateStep | None:
-        """The candidate step for token rows [r0, r1) (upstream slices the buffer the same
-        way: prefill chunk rows, decode rows in their packed layout)."""
+        """The candidate step for token rows [r0, r1): prefill chunk rows, unpadded decode
+        rows (a padded decode's go through ``_packed_candidate_rows``)."""
         if self.candidate_blocks is None:
             return None
-        return ampere_indexer.CandidateStep(self.candidate_blocks[r0:r1],
-                                            self.candidate_block_size, self.candidate_write)
+        return self._candidate_step(self.candidate_blocks[r0:r1])
 
     def forward_native(self, hidden_states, q_quant, k, weights):
         return self._forward(hidden_states, q_quant, k, weights)
@@ -186,13 +185,59 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
                 qp = q_u8[:nd].view(B, next_n, *q_u8.shape[1:])
                 wp = weights[:nd]
                 tmp = buf[: B * next_n]
+            cand_rows = (self._packed_candidate_rows(nd, B, next_n, dm.decode_lens)
+                         if padded else None)
             ampere_indexer.decode_topk(
-                qp, wp, kv_cache, ctx, bt, kv_cache.shape[1], topk,
-                tmp, candidates=self._candidates(0, B * next_n))
+                qp, wp, kv_cache, ctx, bt, kv_cache.shape[1], topk, tmp,
+                candidates=(self._candidates(0, B * next_n) if cand_rows is None else
+                            self._candidate_step(cand_rows)))
             if padded:
                 rows = unpack_seq_triton(tmp[:, :topk].reshape(B, next_n, topk), dm.decode_lens)
                 buf[: rows.shape[0], :topk] = rows
+                if cand_rows is not None and self.candidate_write:
+                    self._unpack_candidate_rows(cand_rows, nd, B, next_n, dm.decode_lens)
         return buf
+
+    # The padded decode (pack_seq) runs [B, next_n] rows, more than its nd tokens. Its
+    # candidate rows go through a packed copy, so that the buffer stays in token order: row t
+    # is token t's, for the candidate source and for the layers that read it, and rows at or
+    # past nd (a prefill's first tokens, or past the batch) are not written. Upstream slices
+    # ``candidate_blocks[:B * next_n]`` in the packed order instead, which writes over those
+    # rows (sparse_attn_indexer.py, decode branch). Below SM90 vLLM pads only CUDA-graph
+    # padding requests (length 0, after the real ones), where both orders agree on every real
+    # row; this keeps the buffer right for any decode_lens. Index arithmetic on the device
+    # (no host sync), the sizes from host metadata.
+    def _packed_candidate_rows(self, nd: int, B: int, next_n: int,
+                               decode_lens: torch.Tensor) -> torch.Tensor | None:
+        """[B * next_n, blocks]: the token rows' candidates in the decode's packed order
+        (a padding slot repeats a row of the batch; its result is dropped), or uninitialised
+        rows for the candidate source to write."""
+        if self.candidate_blocks is None:
+            return None
+        cb = self.candidate_blocks
+        if self.candidate_write or nd == 0:
+            return torch.empty((B * next_n, cb.shape[1]), dtype=cb.dtype, device=cb.device)
+        lens = decode_lens.to(device=cb.device, dtype=torch.int64)
+        starts = torch.cumsum(lens, 0) - lens
+        j = torch.arange(next_n, device=cb.device)
+        token = starts.unsqueeze(1) + torch.minimum(j.unsqueeze(0), (lens - 1).unsqueeze(1))
+        return cb[token.reshape(-1).clamp(0, nd - 1)]
+
+    def _unpack_candidate_rows(self, packed: torch.Tensor, nd: int, B: int, next_n: int,
+                               decode_lens: torch.Tensor) -> None:
+        """Token t's packed row into ``candidate_blocks[t]``, for t < nd."""
+        if nd == 0:
+            return
+        lens = decode_lens.to(device=packed.device, dtype=torch.int64)
+        starts = torch.cumsum(lens, 0) - lens
+        req = torch.repeat_interleave(torch.arange(B, device=packed.device), lens,
+                                      output_size=nd)
+        t = torch.arange(nd, device=packed.device)
+        self.candidate_blocks[:nd].copy_(packed[req * next_n + (t - starts[req])])
+
+    def _candidate_step(self, rows: torch.Tensor) -> ampere_indexer.CandidateStep:
+        return ampere_indexer.CandidateStep(rows, self.candidate_block_size,
+                                            self.candidate_write)
 
 
 class DeepseekV4AmpereIndexerCache(DeepseekV4IndexerCache):
