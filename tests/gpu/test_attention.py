@@ -118,9 +118,13 @@ def _decode_case(num_req, rows, heads, swa_only, lens_kind, big_slots, sink_kind
     comp = None
     comp_idx = comp_lens = None
     if not swa_only:
-        nb = (2**20 // BLOCK + 64) if big_slots else 40
+        if big_slots == "2gib":  # every selected record past byte 2^31 of its cache
+            nb = 2**31 // STRIDE + 64
+            lo = (2**31 // STRIDE + 1) * BLOCK
+        else:
+            nb = (2**20 // BLOCK + 64) if big_slots else 40
+            lo = 2**20 if big_slots else 0
         comp = _cache(nb)
-        lo = 2**20 if big_slots else 0
         comp_idx = torch.randint(lo, nb * BLOCK, (t, topk), device=DEV, dtype=torch.int32)
     # lengths
     if lens_kind == "full":
@@ -198,6 +202,16 @@ def test_decode_sink_and_swa_only(cap, sink_kind, swa_only):
 def test_decode_slot_ids_above_2_20(cap, heads):
     _decode_case(num_req=2, rows=1, heads=heads, swa_only=False, lens_kind="full",
                  big_slots=True, sink_kind="finite", cap=cap)
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_cache_beyond_2gib(heads):
+    """64-bit record offsets: a compressed cache of more than 2^31 bytes (57,000+ pages),
+    every selected entry in its pages past byte 2^31 (a 32-bit byte offset would wrap)."""
+    if torch.cuda.mem_get_info()[0] < 6 * 2**30:
+        pytest.skip("needs about 6 GiB of free GPU memory")
+    _decode_case(num_req=2, rows=2, heads=heads, swa_only=False, lens_kind="full",
+                 big_slots="2gib", sink_kind="finite", cap=0)
 
 
 @pytest.mark.parametrize("num_req", [1, 8, 128])
@@ -301,11 +315,11 @@ def test_decode_zero_scale_bytes(heads):
     assert torch.equal(r64, torch.zeros_like(r64))
 
 
-def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sms=0):
+def _prefill_case(t, heads, cap, sink_kind="finite", s_kv=3000, topk=640, num_sms=0, idx_lo=0):
     seed = _seed()
     q = torch.randn(t, heads, 512, device=DEV).to(torch.bfloat16)
     kv = torch.randn(s_kv, 1, 512, device=DEV).to(torch.bfloat16)
-    idx = torch.randint(0, s_kv, (t, 1, topk), device=DEV, dtype=torch.int32)
+    idx = torch.randint(idx_lo, s_kv, (t, 1, topk), device=DEV, dtype=torch.int32)
     lens = torch.randint(0, topk + 1, (t,), device=DEV, dtype=torch.int32)
     lens[0] = 0
     if t > 1:
@@ -397,6 +411,15 @@ def test_plan_prefill_tail():
     assert (p132["split_tokens"], p132["splits"]) == (4, 20)
     p108 = ops.sparse_mla_plan(4096, 64, 640, False, 108, CAPS["sm80"])
     assert (p108["split_tokens"], p108["splits"]) == (0, 1)
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_prefill_workspace_beyond_2gib(heads):
+    """64-bit row offsets: a bf16 workspace of more than 2^21 rows of 1 KB (over 2^31 bytes),
+    every selected row past 2^21 (a 32-bit byte offset would wrap)."""
+    if torch.cuda.mem_get_info()[0] < 8 * 2**30:
+        pytest.skip("needs about 8 GiB of free GPU memory")
+    _prefill_case(t=70, heads=heads, cap=0, s_kv=2**21 + 4096, idx_lo=2**21)
 
 
 def test_prefill_upstream_shapes():

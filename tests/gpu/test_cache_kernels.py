@@ -172,10 +172,13 @@ def _check_gather(ext, kc, seq, gat, table, bs, offset, M, g, sm_count=None):
     poison = torch.randint(-2**15, 2**15 - 1, (R + 1, M, 512), generator=g,
                            dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     want = poison.clone()
-    RC.dequantize_and_gather_k_cache(want, kc, seq, gat, table, bs, offset)
+    RC.dequantize_and_gather_k_cache(want, kc, seq, gat, table.cpu(), bs, offset)
     got = poison.to(DEV)
+    # a table already on the device goes in as it is (a strided view stays strided: .to(DEV)
+    # of a CPU view would hand the kernel a contiguous copy)
     OC.dequantize_and_gather_k_cache(got, kc.to(DEV), seq.to(DEV),
-                                     None if gat is None else gat.to(DEV), table.to(DEV), bs,
+                                     None if gat is None else gat.to(DEV),
+                                     table if table.is_cuda else table.to(DEV), bs,
                                      offset, sm_count=sm_count)
     assert _bits_equal_nan(got.cpu(), want)
 
@@ -225,14 +228,16 @@ def test_gather_strided_block_table_and_guards(ext):
     bs, nb = 64, 50
     kc = _random_cache(nb, bs, g)
     wide = torch.randint(0, nb, (3, 40), generator=g, dtype=torch.int32)
-    table = wide[:, 1::3]  # strides (40, 3)
-    assert not table.is_contiguous()
+    table = wide.to(DEV)[:, 1::3]  # the view made on the device: strides (40, 3) there
+    assert table.stride() == (40, 3)
     seq = torch.tensor([300, 13 * 64 - 1, 64 * 13], dtype=torch.int32)  # last one fills the table
     _check_gather(ext, kc, seq, None, table, bs, 2, 64 * 13 + 2, g)
     # out rows too short and invalid block ids: those entries are skipped, not written
-    table2 = table.clone()
-    table2[0, 1] = nb + 5
-    table2[1, 0] = -3
+    wide2 = wide.clone()
+    wide2[0, 1 + 3 * 1] = nb + 5  # table2[0, 1]
+    wide2[1, 1] = -3  # table2[1, 0]
+    table2 = wide2.to(DEV)[:, 1::3]
+    assert table2.stride() == (40, 3)
     _check_gather(ext, kc, seq, None, table2, bs, 3, 400, g)
 
 

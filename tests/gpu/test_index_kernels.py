@@ -28,7 +28,9 @@ def test_global_topk_bit_exact(ext, T, K, bs):
     g = _gen()
     R, maxb = 5, 300
     wide = _i32(R, 2 * maxb, lo=0, hi=2**20, g=g)
-    table = wide[:, ::2]  # non-contiguous block table
+    table = wide[:, ::2]  # non-contiguous block table (the reference's CPU view)
+    table_dev = wide.to(DEV)[:, ::2]  # the same view made on the device
+    assert table_dev.stride() == (2 * maxb, 2)
     topk = _i32(T, K, lo=-1, hi=maxb * bs, g=g)
     topk[torch.rand(T, K, generator=g) < 0.2] = -1
     topk[0, :] = -1 if T > 1 else topk[0, :]
@@ -36,7 +38,7 @@ def test_global_topk_bit_exact(ext, T, K, bs):
     valid = torch.rand(T, generator=g) < 0.8
     want_idx, want_lens = RI.compute_global_topk_indices_and_lens(topk, req, table, bs, valid)
     got_idx, got_lens = OI.compute_global_topk_indices_and_lens(
-        topk.to(DEV), req.to(DEV), table.to(DEV), bs, valid.to(DEV))
+        topk.to(DEV), req.to(DEV), table_dev, bs, valid.to(DEV))
     assert torch.equal(got_idx.cpu(), want_idx)
     assert torch.equal(got_lens.cpu(), want_lens)
 

@@ -139,6 +139,36 @@ def test_offsets_windows_chunks_strided_tables(rng, chunk, bs, smem_cap, rows_pe
     got = _run(OI.indexer_paged_keys, c, row_req, lo, hi, col0, n_cols, chunk=chunk,
                smem_cap=smem_cap, rows_per_req=rows_per_req)
     assert torch.equal(got, want)
+    assert c["bt_dev"].stride(1) == 3  # the kernels get the strided view itself
+    if chunk == 64 and smem_cap == 0 and rows_per_req == 0:  # the portable scorer too
+        assert torch.equal(_run(mqa_logits_tile, c, row_req, lo, hi, col0, n_cols), want)
+
+
+@pytest.mark.parametrize("rows_per_req", [0, 2])
+def test_pages_beyond_2gib(rng, rows_per_req):
+    """64-bit page offsets: the case's pages copied to page ids past byte 2^31 of a cache of
+    more than 2^31 bytes (254,000+ pages of 8,448 bytes), the block table shifted to them:
+    the same keys as the oracle's on the original ids (a 32-bit byte offset would wrap)."""
+    if torch.cuda.mem_get_info()[0] < 6 * 2**30:
+        pytest.skip("needs about 6 GiB of free GPU memory")
+    bs = 64
+    c = _case(rng, B=2, NN=2, H=32, bs=bs, ctxs=[300, 200])
+    nb = c["pages"].shape[0]
+    first = 2**31 // c["pages"].stride(0) + 1
+    big = torch.zeros(first + nb, c["pages"].shape[1], dtype=torch.uint8, device=DEV)
+    big[first:] = c["pages"]
+    row_req = torch.arange(2).repeat_interleave(2)
+    hi = torch.tensor([299, 300, 199, 200])
+    lo = torch.zeros_like(hi)
+    n_cols = c["maxb"] * bs
+    want = _oracle_keys(c, row_req, lo, hi, 0, n_cols)
+    shifted = dict(c, pages=big, bt_dev=(c["bt"] + first).to(DEV))
+    assert int(shifted["bt_dev"].min()) * big.stride(0) >= 2**31
+    got = _run(OI.indexer_paged_keys, shifted, row_req, lo, hi, 0, n_cols,
+               rows_per_req=rows_per_req)
+    assert torch.equal(got, want)
+    if rows_per_req == 0:
+        assert torch.equal(_run(mqa_logits_tile, shifted, row_req, lo, hi, 0, n_cols), want)
 
 
 def _random_paged(g, *, B, NN, H, bs, ctx_max, nan=True):

@@ -39,6 +39,7 @@ def _mqa_logits_kernel(
     n_cols,  # columns in this call
     out_stride,
     bt_stride,
+    bt_col_stride,
     page_bytes,
     block_size,
     H: tl.constexpr,
@@ -61,7 +62,8 @@ def _mqa_logits_kernel(
     if PAGED:
         req = tl.load(row_req_ptr + row).to(tl.int64)
         cc = tl.where(valid, col, 0)
-        page = tl.load(bt_ptr + req * bt_stride + cc // block_size, mask=valid, other=0)
+        page = tl.load(bt_ptr + req * bt_stride + (cc // block_size) * bt_col_stride,
+                       mask=valid, other=0)
         page = tl.maximum(page, 0).to(tl.int64)
         base = k_ptr + page * page_bytes
         slot = cc % block_size
@@ -118,6 +120,7 @@ def mqa_logits_tile(q_u8, w, *, col0, n_cols, lo, hi, out, k_flat=None, k_scale=
         row_req if paged else dummy_i32,
         lo, hi, out, col0, n_cols, out.stride(0),
         block_table.stride(0) if paged else 0,
+        block_table.stride(1) if paged else 0,
         pages.stride(0) if paged else 0,
         block_size,
         H=H, D=D, BLOCK_N=block_n, PAGED=paged, DOT_BF16=not _INTERPRET,
@@ -133,7 +136,7 @@ def aot_sources() -> dict:
     sig = {"q_ptr": "*u8", "w_ptr": "*fp32", "k_ptr": "*u8", "ks_ptr": "*fp32",
            "bt_ptr": "*i32", "row_req_ptr": "*i32", "lo_ptr": "*i32", "hi_ptr": "*i32",
            "out_ptr": "*fp32", "col0": "i32", "n_cols": "i32", "out_stride": "i32",
-           "bt_stride": "i32", "page_bytes": "i64", "block_size": "i32",
+           "bt_stride": "i32", "bt_col_stride": "i32", "page_bytes": "i64", "block_size": "i32",
            "H": "constexpr", "D": "constexpr", "BLOCK_N": "constexpr", "PAGED": "constexpr",
            "DOT_BF16": "constexpr", "DK": "constexpr", "EMIT_KEYS": "constexpr"}
     out = {}
