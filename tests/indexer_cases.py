@@ -26,6 +26,18 @@ def k_scales(n, g):
     return torch.pow(2.0, torch.randint(-2, 3, (n,), generator=g).double())
 
 
+def dyadic_indexer_pages(nb, bs, D, g):
+    """``nb`` indexer pages of ``bs`` entries (``bs * D`` e4m3 codes, then ``bs`` fp32 scales)
+    with dyadic codes and scales: (pages uint8 [nb, bs * (D + 4)], float64 values
+    [nb, bs, D], scales [nb, bs])."""
+    codes, kvals = dyadic_fp8((nb, bs, D), g)
+    sc = k_scales(nb * bs, g).view(nb, bs)
+    pages = torch.zeros(nb, bs * (D + 4), dtype=torch.uint8)
+    pages[:, : bs * D] = codes.view(nb, -1)
+    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    return pages, kvals, sc
+
+
 def logits64(q64, w64, k64, ks64):
     """q [T, H, D], w [T, H], k [N, D], ks [N] (float64) -> [T, N]."""
     s = torch.einsum("thd,nd->thn", q64, k64).clamp(min=0)

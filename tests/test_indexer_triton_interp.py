@@ -56,11 +56,7 @@ def _script() -> int:  # runs under TRITON_INTERPRET=1
     ctxs = [50, 17, 64]
     maxb = -(-max(ctxs) // bs)
     nb = B * maxb + 3
-    codes, kvals = IC.dyadic_fp8((nb, bs, D), g)
-    sc = IC.k_scales(nb * bs, g).view(nb, bs)
-    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
-    pages[:, : bs * D] = codes.view(nb, -1)
-    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    pages, kvals, sc = IC.dyadic_indexer_pages(nb, bs, D, g)
     bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
     qc, qv = IC.dyadic_fp8((B * NN, H, D), g)
     w = IC.dyadic_weights((B * NN, H), g)

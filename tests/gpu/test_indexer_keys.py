@@ -43,11 +43,7 @@ def _case(g, *, B, NN, H, bs, ctxs, nb_extra=3, bt_stride=1, bad_pages=False):
     """Dyadic paged case: pages, block table (optionally a strided view), float64 values."""
     maxb = max(1, -(-max(ctxs) // bs))
     nb = B * maxb + nb_extra
-    codes, kvals = IC.dyadic_fp8((nb, bs, D), g)
-    sc = IC.k_scales(nb * bs, g).view(nb, bs)
-    pages = torch.zeros(nb, bs * 132, dtype=torch.uint8)
-    pages[:, : bs * D] = codes.view(nb, -1)
-    pages[:, bs * D:] = sc.float().contiguous().view(torch.uint8).view(nb, -1)
+    pages, kvals, sc = IC.dyadic_indexer_pages(nb, bs, D, g)
     bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
     if bad_pages:  # columns past each context: page ids that must never be read
         for b in range(B):
