@@ -1,0 +1,115 @@
+"""The indexer's temporary GPU memory is bounded by its tile budgets, not by the table width.
+
+vLLM sizes the KV cache from a profiling forward pass; memory an op takes beyond what that pass
+took comes out of the cache or ends in an out-of-memory error. ``decode_topk`` sees a block
+table as wide as max_model_len (262,144 compressed columns at 1M tokens) with every decode, and
+``prefill_topk`` a workspace as long as the chunk's contexts. Their temporaries must stay within
+the key-buffer budget (``decode_tile_budget(rows)`` / ``tile_budget``) plus per-row state that
+does not grow with the columns (the running best, k keys a row), and, for DeepSeek-V4.1's
+candidate step, one key per (row, candidate block). A score or key buffer as wide as the table
+([rows, 262,144] int64: 537 MB at 256 rows) fails these bounds by far.
+
+Measured with ``torch.cuda.max_memory_allocated`` around a second call (the first loads the
+extension and compiles); inputs and outputs are allocated before the measurement."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+
+DEV = "cuda"
+D, H, BS, K = 128, 64, 64, 512
+WIDE_PAGES = 4096  # 262,144 columns: max_model_len 1,048,576 at compress ratio 4
+SLACK = 1 << 20  # small per-call tensors (row lengths, row -> request map, int32 copies)
+
+
+@pytest.fixture(autouse=True)
+def _built(ext):
+    return ext
+
+
+def _pages(g, nb):
+    pages = torch.randint(0, 256, (nb, BS * (D + 4)), generator=g, dtype=torch.uint8)
+    codes = pages[:, : BS * D]
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+    pages[:, BS * D:] = (torch.rand(nb, BS, generator=g) + 0.25).view(torch.uint8).view(nb, -1)
+    return pages.to(DEV)
+
+
+def _peak(fn):
+    """Bytes allocated above the baseline during ``fn()`` (run twice; the second measured)."""
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+@pytest.mark.parametrize("candidates", [None, "write", "mask"])
+@pytest.mark.parametrize("B,NN", [(1, 1), (64, 1), (256, 1), (64, 6), (384, 1)])
+def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
+    rows, cbs = B * NN, 256
+    pages = _pages(rng, 48)
+    bt = torch.randint(0, 48, (B, WIDE_PAGES), generator=rng, dtype=torch.int32).to(DEV)
+    ctx = torch.randint(NN, 2049, (B,), generator=rng)
+    hi = (ctx.view(B, 1) - torch.arange(NN).flip(0).view(1, NN)).to(torch.int32).to(DEV)
+    q = torch.randint(0, 256, (B, NN, H, D), generator=rng, dtype=torch.uint8).to(DEV)
+    q[(q & 0x7F) == 0x7F] = 0x3C
+    w = torch.randn(rows, H, generator=rng).to(DEV)
+    out = torch.full((rows, K), -7, dtype=torch.int32, device=DEV)
+    blocks = torch.randint(0, 8, (rows, 16), generator=rng, dtype=torch.int32)
+    blocks[:, 0] = 0  # every row's first column is listed: every row selects something
+    blocks = blocks.to(DEV)
+
+    def call():
+        step = None if candidates is None else I.CandidateStep(blocks, cbs, write=candidates == "write")
+        I.decode_topk(q, w, pages, hi, bt, BS, K, out, scorer="cuda", candidates=step)
+
+    peak = _peak(call)
+    total = WIDE_PAGES * BS
+    bound = I.decode_tile_budget(rows) + 2 * rows * K * 8 + SLACK
+    if candidates == "write":  # one key per (row, candidate block) and the visible block counts
+        bound += rows * (-(-total // cbs)) * 8 + rows * 4
+    elif candidates == "mask":  # the torch form's keep mask, if it runs
+        bound += rows * (total // cbs + 1)
+    assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
+    assert peak < rows * total * 8 // 2  # far from a table-wide key buffer
+    got = out.cpu()
+    assert (got[:, 0] >= 0).all()
+
+
+@pytest.mark.parametrize("candidates", [None, "write"])
+@pytest.mark.parametrize("row_chunk,tile_budget", [(256, I.DEFAULT_TILE_BUDGET), (128, 1 << 22)])
+def test_prefill_topk_temporaries_within_the_tile_budget(rng, row_chunk, tile_budget, candidates):
+    T, Nk, cbs = 2048, 65536, 256
+    k = torch.randint(0, 256, (Nk, D), generator=rng, dtype=torch.uint8)
+    k[(k & 0x7F) == 0x7F] = 0x3C
+    k = k.to(DEV)
+    ks_ = (torch.rand(Nk, generator=rng) + 0.25).to(DEV)
+    q = torch.randint(0, 256, (T, H, D), generator=rng, dtype=torch.uint8)
+    q[(q & 0x7F) == 0x7F] = 0x3C
+    q = q.to(DEV)
+    w = torch.randn(T, H, generator=rng).to(DEV)
+    t = torch.arange(T, device=DEV)
+    lo = torch.zeros(T, dtype=torch.int32, device=DEV)
+    hi = (Nk - T + t + 1).to(torch.int32)  # one request: the chunk's last T rows of Nk
+    out = torch.full((T, K), -7, dtype=torch.int32, device=DEV)
+    blocks = torch.full((T, 16), -7, dtype=torch.int32, device=DEV)
+
+    def call():
+        step = None if candidates is None else I.CandidateStep(blocks, cbs, write=True)
+        I.prefill_topk(q, w, k, ks_, lo, hi, K, out, scorer="cuda", row_chunk=row_chunk,
+                       tile_budget=tile_budget, candidates=step)
+
+    peak = _peak(call)
+    bound = tile_budget + 2 * row_chunk * K * 8 + T * 8 * 2 + SLACK
+    if candidates == "write":
+        bound += row_chunk * (-(-Nk // cbs)) * 8 + row_chunk * 4
+    assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
+    assert (out.cpu()[:, 0] >= 0).all()
