@@ -5,7 +5,8 @@
 # Here:   make gpu-bundle VLLM_DEPS=1; carry dist (without VLLM_DEPS the checks skip).
 # There:  bash scripts/device/vllm_level.sh [all]
 #   (default) the vLLM-level GPU checks only;  all: every GPU test (tests/gpu)
-#   VL_TESTS="FILE ...": these test files instead; VL_K=EXPR: pytest -k EXPR
+#   VL_TESTS="FILE ...": these test files instead; VL_K=EXPR: pytest -k EXPR;
+#   VL_ARGS="...": more pytest arguments (e.g. --durations=30)
 # VL_PROBE=1 first lists the modules the checks' import chain lacks here
 # (scripts/device/vllm_missing_modules.py).
 # Logs come back in $OUT/vllm-level-logs.tgz.
@@ -22,6 +23,7 @@ TESTS=(tests/gpu/test_vllm_indexer_decode_gpu.py tests/gpu/test_vllm_attention_g
 [ -n "${VL_TESTS:-}" ] && read -r -a TESTS <<< "$VL_TESTS"
 existing=(); for t in "${TESTS[@]}"; do [ -e "$t" ] && existing+=("$t"); done
 kk=(); [ -n "${VL_K:-}" ] && kk=(-k "$VL_K")
+[ -n "${VL_ARGS:-}" ] && { read -r -a more <<< "$VL_ARGS"; kk+=("${more[@]}"); }
 # what is left of the device tool's 600-s call after set-up and build (the whole suite needs ~545 s)
 timeout $((585 - SECONDS)) $PY -m pytest -q -rs -p no:cacheprovider "${kk[@]}" "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -25 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
