@@ -25,6 +25,7 @@ DEV = "cuda"
 D, H, BS, K = 128, 64, 64, 512
 WIDE_PAGES = 4096  # 262,144 columns: max_model_len 1,048,576 at compress ratio 4
 SLACK = 1 << 20  # small per-call tensors (row lengths, row -> request map, int32 copies)
+CBS, CAND_K = 8, 2048  # DeepSeek-V4.1's candidate blocks: 8 compressed positions, 2048 a row
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,7 @@ def _peak(fn):
 @pytest.mark.parametrize("candidates", [None, "write", "mask"])
 @pytest.mark.parametrize("B,NN", [(1, 1), (64, 1), (256, 1), (64, 6), (384, 1)])
 def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
-    rows, cbs = B * NN, 256
+    rows, cbs = B * NN, CBS
     pages = _pages(rng, 48)
     bt = torch.randint(0, 48, (B, WIDE_PAGES), generator=rng, dtype=torch.int32).to(DEV)
     ctx = torch.randint(NN, 2049, (B,), generator=rng)
@@ -63,7 +64,7 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     q[(q & 0x7F) == 0x7F] = 0x3C
     w = torch.randn(rows, H, generator=rng).to(DEV)
     out = torch.full((rows, K), -7, dtype=torch.int32, device=DEV)
-    blocks = torch.randint(0, 8, (rows, 16), generator=rng, dtype=torch.int32)
+    blocks = torch.randint(0, 2048 // cbs, (rows, CAND_K), generator=rng, dtype=torch.int32)
     blocks[:, 0] = 0  # every row's first column is listed: every row selects something
     blocks = blocks.to(DEV)
 
@@ -76,10 +77,11 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     bound = I.decode_tile_budget(rows) + 2 * rows * K * 8 + SLACK
     if candidates == "write":  # one key per (row, candidate block) and the visible block counts
         bound += rows * (-(-total // cbs)) * 8 + rows * 4
-    elif candidates == "mask":  # the torch form's keep mask, if it runs
-        bound += rows * (total // cbs + 1)
+    # "mask": the candidate kernels mask the key tile in place (nothing more; the torch form,
+    # taken where a tile is not made of whole candidate blocks, is not bounded here)
     assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
-    assert peak < rows * total * 8 // 2  # far from a table-wide key buffer
+    if rows * total * 8 > 4 * bound:  # (B = 1: the whole table is one tile within the budget)
+        assert peak < rows * total * 8 // 2  # far from a table-wide key buffer
     got = out.cpu()
     assert (got[:, 0] >= 0).all()
 
@@ -87,7 +89,7 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
 @pytest.mark.parametrize("candidates", [None, "write"])
 @pytest.mark.parametrize("row_chunk,tile_budget", [(256, I.DEFAULT_TILE_BUDGET), (128, 1 << 22)])
 def test_prefill_topk_temporaries_within_the_tile_budget(rng, row_chunk, tile_budget, candidates):
-    T, Nk, cbs = 2048, 65536, 256
+    T, Nk, cbs = 2048, 65536, CBS
     k = torch.randint(0, 256, (Nk, D), generator=rng, dtype=torch.uint8)
     k[(k & 0x7F) == 0x7F] = 0x3C
     k = k.to(DEV)
@@ -100,7 +102,7 @@ def test_prefill_topk_temporaries_within_the_tile_budget(rng, row_chunk, tile_bu
     lo = torch.zeros(T, dtype=torch.int32, device=DEV)
     hi = (Nk - T + t + 1).to(torch.int32)  # one request: the chunk's last T rows of Nk
     out = torch.full((T, K), -7, dtype=torch.int32, device=DEV)
-    blocks = torch.full((T, 16), -7, dtype=torch.int32, device=DEV)
+    blocks = torch.full((T, CAND_K), -7, dtype=torch.int32, device=DEV)
 
     def call():
         step = None if candidates is None else I.CandidateStep(blocks, cbs, write=True)

@@ -181,6 +181,7 @@ class CandidateStep:
             from deepinfer_sm80.ops.indexer import row_topk_indices
 
             row_topk_indices(self.best, k, out=self.blocks[self.r0:self.r1], hi=self.visible_blocks)
+            self.best = None  # (a prefill's next row chunk takes its own; the peak stays one)
             return
         nb = self.best.shape[1]
         newest = (self.visible - 1).clamp(min=0) // self.block_size
@@ -192,6 +193,7 @@ class CandidateStep:
         # the extension's row top-k where it takes k (the same values: the keys are a total
         # order); torch.topk with k = 2048 took ~150 us per call on the H200 (2026-12-03)
         cuda = _candidate_kernels_on() and _cuda_row_topk("auto", keys, k)
+        self.best = None
         self.blocks[self.r0:self.r1, :k] = keys_to_indices(merge_topk(None, keys, k, cuda))
 
 
@@ -425,6 +427,14 @@ def prefill_topk(
     # V4.1's candidate step through the extension's kernels (the fused scorers' int64 keys)
     cand_kernels = fused and candidates is not None and candidates.kernels_fit(q_fp8)
     spans = chunk_column_spans(ks_all, ke_all, row_chunk)  # one device->host copy for all chunks
+    if fused:  # one key buffer for every row chunk: the peak stays at tile_budget, not twice it
+
+        def _key_tile(rows: int) -> int:
+            return max(64, tile_budget // max(1, rows * 8))
+
+        chunk_rows = {min(T, row_chunk), T % row_chunk or min(T, row_chunk)}
+        key_buf = torch.empty(max(r * _key_tile(r) for r in chunk_rows), dtype=torch.int64,
+                              device=dev)
     for r0 in range(0, T, row_chunk):
         r1 = min(T, r0 + row_chunk)
         ks, ke = ks_all[r0:r1], ke_all[r0:r1]
@@ -435,8 +445,8 @@ def prefill_topk(
             kw = dict(kernels=True, lo=ks32[r0:r1], hi=ke32[r0:r1]) if cand_kernels else {}
             candidates.begin(r0, r1, visible, max(1, width), **kw)
         if fused:
-            tile = max(64, tile_budget // max(1, (r1 - r0) * 8))
-            buf = torch.empty((r1 - r0, tile), dtype=torch.int64, device=dev)
+            tile = _key_tile(r1 - r0)
+            buf = key_buf[: (r1 - r0) * tile].view(r1 - r0, tile)
         else:
             q = dequant_fp8(q_fp8[r0:r1])
             w = weights[r0:r1].to(torch.float32)
