@@ -52,10 +52,13 @@ def _peak(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
-@pytest.mark.parametrize("candidates", [None, "write", "mask"])
+@pytest.mark.parametrize("candidates", [None, "write", "mask", "mask-torch"])
 @pytest.mark.parametrize("B,NN", [(1, 1), (64, 1), (256, 1), (64, 6), (384, 1)])
 def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
-    rows, cbs = B * NN, CBS
+    """``mask-torch``: 256-position candidate blocks, which the 43,648-column tiles of 384 rows
+    do not hold whole: the torch form masks the tile (in place, one bool tile more)."""
+    rows, cbs = B * NN, (256 if candidates == "mask-torch" else CBS)
+    total = WIDE_PAGES * BS
     pages = _pages(rng, 48)
     bt = torch.randint(0, 48, (B, WIDE_PAGES), generator=rng, dtype=torch.int32).to(DEV)
     ctx = torch.randint(NN, 2049, (B,), generator=rng)
@@ -64,21 +67,25 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     q[(q & 0x7F) == 0x7F] = 0x3C
     w = torch.randn(rows, H, generator=rng).to(DEV)
     out = torch.full((rows, K), -7, dtype=torch.int32, device=DEV)
-    blocks = torch.randint(0, 2048 // cbs, (rows, CAND_K), generator=rng, dtype=torch.int32)
+    blocks = torch.randint(0, max(1, 2048 // cbs), (rows, CAND_K), generator=rng, dtype=torch.int32)
     blocks[:, 0] = 0  # every row's first column is listed: every row selects something
     blocks = blocks.to(DEV)
 
     def call():
         step = None if candidates is None else I.CandidateStep(blocks, cbs, write=candidates == "write")
+        if candidates == "mask-torch":
+            tile = max(BS, I.decode_tile_budget(rows) // (rows * 8) // BS * BS)  # decode_topk's
+            assert step.kernels_fit(q, tile, total) == (tile % cbs == 0)
         I.decode_topk(q, w, pages, hi, bt, BS, K, out, scorer="cuda", candidates=step)
 
     peak = _peak(call)
-    total = WIDE_PAGES * BS
     bound = I.decode_tile_budget(rows) + 2 * rows * K * 8 + SLACK
     if candidates == "write":  # one key per (row, candidate block) and the visible block counts
         bound += rows * (-(-total // cbs)) * 8 + rows * 4
-    # "mask": the candidate kernels mask the key tile in place (nothing more; the torch form,
-    # taken where a tile is not made of whole candidate blocks, is not bounded here)
+    # "mask": the candidate kernels mask the key tile in place (nothing more); the torch form
+    # adds its keep mask [rows, blocks + 1] and one bool tile
+    elif candidates == "mask-torch":
+        bound += rows * (total // cbs + 1) + I.decode_tile_budget(rows) // 8
     assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
     if rows * total * 8 > 4 * bound:  # (B = 1: the whole table is one tile within the budget)
         assert peak < rows * total * 8 // 2  # far from a table-wide key buffer

@@ -171,7 +171,8 @@ class CandidateStep:
             self.best.scatter_reduce_(1, blk, keys, "amax")
             return keys
         keep = self.keep.gather(1, blk.clamp(max=self.keep.shape[1] - 1).expand_as(keys))
-        return torch.where(keep, keys, torch.full_like(keys, INT64_MIN))
+        # in place (the keys are the tile's scratch): one bool tile more, not two key tiles
+        return keys.masked_fill_(keep.logical_not_(), INT64_MIN)
 
     def finish(self) -> None:
         if not self.write:
