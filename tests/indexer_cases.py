@@ -38,6 +38,22 @@ def dyadic_indexer_pages(nb, bs, D, g):
     return pages, kvals, sc
 
 
+def no_nan_codes(codes, fill=0x3C):
+    """e4m3 codes (uint8) with every NaN code (0x7F / 0xFF) replaced by ``fill``, in place."""
+    codes[(codes & 0x7F) == 0x7F] = fill
+    return codes
+
+
+def random_indexer_pages(nb, bs, D, g, nan=True):
+    """``nb`` indexer pages of ``bs`` entries with full-range random codes (NaN codes only with
+    ``nan``) and fp32 scales in [0.25, 1.25): uint8 [nb, bs * (D + 4)], on the CPU."""
+    pages = torch.randint(0, 256, (nb, bs * (D + 4)), generator=g, dtype=torch.uint8)
+    if not nan:
+        no_nan_codes(pages[:, : bs * D])
+    pages[:, bs * D:] = (torch.rand(nb, bs, generator=g) + 0.25).contiguous().view(torch.uint8).view(nb, -1)
+    return pages
+
+
 def logits64(q64, w64, k64, ks64):
     """q [T, H, D], w [T, H], k [N, D], ks [N] (float64) -> [T, N]."""
     s = torch.einsum("thd,nd->thn", q64, k64).clamp(min=0)

@@ -172,11 +172,7 @@ def _random_paged(g, *, B, NN, H, bs, ctx_max, nan=True):
     -1, out-of-range and huge page ids past some contexts), MTP windows per row."""
     maxb = -(-ctx_max // bs)
     nb = B * maxb + 2
-    pages = torch.randint(0, 256, (nb, bs * 132), generator=g, dtype=torch.uint8)
-    codes = pages[:, : bs * D]
-    if not nan:
-        codes[(codes & 0x7F) == 0x7F] = 0x3C
-    pages[:, bs * D:] = (torch.rand(nb, bs, generator=g) + 0.25).contiguous().view(torch.uint8).view(nb, -1)
+    pages = IC.random_indexer_pages(nb, bs, D, g, nan=nan)
     bt = torch.randperm(nb, generator=g)[: B * maxb].view(B, maxb).int()
     bt[0, maxb // 2] = -1
     if B > 1:

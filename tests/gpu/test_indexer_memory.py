@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
 
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
+import indexer_cases as IC  # noqa: E402
+
 DEV = "cuda"
 D, H, BS, K = 128, 64, 64, 512
 WIDE_PAGES = 4096  # 262,144 columns: max_model_len 1,048,576 at compress ratio 4
@@ -31,14 +33,6 @@ CBS, CAND_K = 8, 2048  # DeepSeek-V4.1's candidate blocks: 8 compressed position
 @pytest.fixture(autouse=True)
 def _built(ext):
     return ext
-
-
-def _pages(g, nb):
-    pages = torch.randint(0, 256, (nb, BS * (D + 4)), generator=g, dtype=torch.uint8)
-    codes = pages[:, : BS * D]
-    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
-    pages[:, BS * D:] = (torch.rand(nb, BS, generator=g) + 0.25).view(torch.uint8).view(nb, -1)
-    return pages.to(DEV)
 
 
 def _peak(fn):
@@ -59,12 +53,11 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     do not hold whole: the torch form masks the tile (in place, one bool tile more)."""
     rows, cbs = B * NN, (256 if candidates == "mask-torch" else CBS)
     total = WIDE_PAGES * BS
-    pages = _pages(rng, 48)
+    pages = IC.random_indexer_pages(48, BS, D, rng, nan=False).to(DEV)
     bt = torch.randint(0, 48, (B, WIDE_PAGES), generator=rng, dtype=torch.int32).to(DEV)
     ctx = torch.randint(NN, 2049, (B,), generator=rng)
     hi = (ctx.view(B, 1) - torch.arange(NN).flip(0).view(1, NN)).to(torch.int32).to(DEV)
-    q = torch.randint(0, 256, (B, NN, H, D), generator=rng, dtype=torch.uint8).to(DEV)
-    q[(q & 0x7F) == 0x7F] = 0x3C
+    q = IC.no_nan_codes(torch.randint(0, 256, (B, NN, H, D), generator=rng, dtype=torch.uint8)).to(DEV)
     w = torch.randn(rows, H, generator=rng).to(DEV)
     out = torch.full((rows, K), -7, dtype=torch.int32, device=DEV)
     blocks = torch.randint(0, max(1, 2048 // cbs), (rows, CAND_K), generator=rng, dtype=torch.int32)
@@ -74,7 +67,7 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     def call():
         step = None if candidates is None else I.CandidateStep(blocks, cbs, write=candidates == "write")
         if candidates == "mask-torch":
-            tile = max(BS, I.decode_tile_budget(rows) // (rows * 8) // BS * BS)  # decode_topk's
+            tile = I.decode_tile_cols(rows, BS, I.decode_tile_budget(rows))
             assert step.kernels_fit(q, tile, total) == (tile % cbs == 0)
         I.decode_topk(q, w, pages, hi, bt, BS, K, out, scorer="cuda", candidates=step)
 
@@ -97,13 +90,9 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
 @pytest.mark.parametrize("row_chunk,tile_budget", [(256, I.DEFAULT_TILE_BUDGET), (128, 1 << 22)])
 def test_prefill_topk_temporaries_within_the_tile_budget(rng, row_chunk, tile_budget, candidates):
     T, Nk, cbs = 2048, 65536, CBS
-    k = torch.randint(0, 256, (Nk, D), generator=rng, dtype=torch.uint8)
-    k[(k & 0x7F) == 0x7F] = 0x3C
-    k = k.to(DEV)
+    k = IC.no_nan_codes(torch.randint(0, 256, (Nk, D), generator=rng, dtype=torch.uint8)).to(DEV)
     ks_ = (torch.rand(Nk, generator=rng) + 0.25).to(DEV)
-    q = torch.randint(0, 256, (T, H, D), generator=rng, dtype=torch.uint8)
-    q[(q & 0x7F) == 0x7F] = 0x3C
-    q = q.to(DEV)
+    q = IC.no_nan_codes(torch.randint(0, 256, (T, H, D), generator=rng, dtype=torch.uint8)).to(DEV)
     w = torch.randn(T, H, generator=rng).to(DEV)
     t = torch.arange(T, device=DEV)
     lo = torch.zeros(T, dtype=torch.int32, device=DEV)

@@ -54,6 +54,12 @@ def decode_tile_budget(rows: int) -> int:
     return min(DECODE_TILE_BUDGET_MAX, max(DEFAULT_TILE_BUDGET, rows * DECODE_TILE_MIN_COLS * 8))
 
 
+def decode_tile_cols(rows: int, block_size: int, budget: int) -> int:
+    """decode_topk's column tile for the fused scorers: whole pages of ``block_size`` columns,
+    as many as ``budget`` bytes of int64 keys for ``rows`` rows hold (at least one page)."""
+    return max(block_size, (budget // max(1, rows * 8)) // block_size * block_size)
+
+
 def order_keys(logits: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """int64 keys ordering (score desc, column asc); invalid -> INT64_MIN.
 
@@ -433,9 +439,9 @@ def prefill_topk(
         def _key_tile(rows: int) -> int:
             return max(64, tile_budget // max(1, rows * 8))
 
-        chunk_rows = {min(T, row_chunk), T % row_chunk or min(T, row_chunk)}
-        key_buf = torch.empty(max(r * _key_tile(r) for r in chunk_rows), dtype=torch.int64,
-                              device=dev)
+        first, last = min(T, row_chunk), T - (T - 1) // row_chunk * row_chunk  # chunk rows
+        key_buf = torch.empty(max(first * _key_tile(first), last * _key_tile(last)),
+                              dtype=torch.int64, device=dev)
     for r0 in range(0, T, row_chunk):
         r1 = min(T, r0 + row_chunk)
         ks, ke = ks_all[r0:r1], ke_all[r0:r1]
@@ -597,8 +603,8 @@ def decode_topk(
         bt32 = block_table.to(torch.int32)
         total = maxb * block_size
         budget = decode_tile_budget(rows) if tile_budget is None else tile_budget
-        tile = pages_per_tile * block_size if pages_per_tile else max(
-            block_size, (budget // max(1, rows * 8)) // block_size * block_size)
+        tile = (pages_per_tile * block_size if pages_per_tile
+                else decode_tile_cols(rows, block_size, budget))
         # the rows of a request (MTP / speculative tokens) share each decoded K tile; one row
         # per request takes the rows kernel too where its grid covers the SMs
         rpr = decode_rows_per_req(NN, rows, min(tile, total), _sm_count(_cuda_index(dev))) if use_cuda else 0
