@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import vllm_c_marlin
 import vllm_c_ops
 from deepinfer import bundle
 
@@ -43,7 +44,7 @@ def _wrappers(source: str) -> str:
 def test_bundle_carries_what_the_harnesses_compile():
     want = {f for name in vllm_c_ops.SOURCES for s in vllm_c_ops.layouts(name)
             for f in (s.path, *s.headers, *s.units, *([s.wrappers] if s.wrappers else []))}
-    assert set(bundle.VLLM_CSRC) == want
+    assert set(bundle.VLLM_CSRC) == want | set(vllm_c_marlin.FILES)
 
 
 @pytest.mark.parametrize("source", sorted(vllm_c_ops.SOURCES))

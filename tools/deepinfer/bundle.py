@@ -75,7 +75,7 @@ VLLM_DEPS_NO_DEPS = {"xgrammar==0.2.8": "xgrammar", "llguidance>=1.7,<1.8": "llg
 
 # CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
 # vLLM's SWA writer, the hash-layer MoE router, the indexer K gather and the headers they
-# include; tests/test_vllm_c_build.py keeps the two lists in step). Every layout of every
+# include; tests/vllm_c_marlin.py: Marlin; tests/test_vllm_c_build.py keeps the lists in step). Every layout of every
 # release the patch sets pin: a file the tree lacks is left out.
 VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type_convert.cuh",
              "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h",
@@ -84,7 +84,14 @@ VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type
              # vLLM 0.34.0 split the router: kernel header, dispatch unit, fp32 instantiations
              "csrc/moe/topk_softplus_sqrt_kernels.cuh", "csrc/moe/topk_softplus_sqrt.cu",
              "csrc/moe/topk_softplus_sqrt_f32_int32.cu",
-             "csrc/moe/topk_softplus_sqrt_f32_int64.cu")
+             "csrc/moe/topk_softplus_sqrt_f32_int64.cu",
+             # vLLM's Marlin GEMM and repack, its generator and headers (tests/vllm_c_marlin.py)
+             "csrc/quantization/marlin/marlin.cu", "csrc/quantization/marlin/gptq_marlin_repack.cu",
+             "csrc/quantization/marlin/generate_kernels.py", "csrc/quantization/marlin/kernel.h",
+             "csrc/quantization/marlin/marlin.cuh", "csrc/quantization/marlin/marlin_dtypes.cuh",
+             "csrc/quantization/marlin/marlin_template.h", "csrc/quantization/marlin/dequant.h",
+             "csrc/quantization/marlin/marlin_mma.h", "csrc/core/scalar_type.hpp",
+             "csrc/torch_bindings.cpp")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",

@@ -1,0 +1,122 @@
+// C entry points over vLLM's Marlin GEMM and its weight repack, for the GPU tests that run
+// them as SM80 code (tests/vllm_c_marlin.py builds this file; tests/vllm_marlin_check.py and
+// tests/gpu/test_vllm_c_marlin_sm80.py run it).
+//
+// On capability 8.x vLLM sends every FP8-block linear of DeepSeek-V4 and V4.1's MXFP8 linears
+// to Marlin (weight-only FP8: `MarlinFP8ScaledMMLinearKernel`, `MarlinMxfp8LinearKernel`).
+// `marlin_gemm.inc` is csrc/quantization/marlin/marlin.cu cut before its torch-op wrapper
+// (`marlin_mm` and the config selection it calls are upstream's, unchanged);
+// `marlin_repack.inc` is gptq_marlin_repack.cu's kernel half. The wrappers' host glue
+// (type ids, buffers, checks) is restated by the Python caller, the repack launch below.
+//
+// What the host code reads of the device is answered as an Ampere card would answer it:
+// built with -DDEEPINFER_REPORTED_CC=80 the capability is 8.0 (so `stages` and the FP8
+// activation checks take the SM80 branch), and `deepinfer_marlin_set_limits` caps the SM
+// count and the opt-in shared memory per block (A100: 108 SMs, 163 KB), from which
+// upstream's `determine_exec_config` picks the tile configuration.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+
+namespace {
+int g_sms_cap = 0;   // 0: the device's own
+int g_smem_cap = 0;  // bytes; 0: the device's own
+}  // namespace
+
+static cudaError_t deepinfer_device_attribute(int* value, cudaDeviceAttr attr, int device) {
+  cudaError_t err = ::cudaDeviceGetAttribute(value, attr, device);
+  if (err != cudaSuccess) return err;
+#ifdef DEEPINFER_REPORTED_CC
+  if (attr == cudaDevAttrComputeCapabilityMajor) *value = DEEPINFER_REPORTED_CC / 10;
+  if (attr == cudaDevAttrComputeCapabilityMinor) *value = DEEPINFER_REPORTED_CC % 10;
+#endif
+  if (attr == cudaDevAttrMultiProcessorCount && g_sms_cap > 0 && *value > g_sms_cap)
+    *value = g_sms_cap;
+  if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin && g_smem_cap > 0 && *value > g_smem_cap)
+    *value = g_smem_cap;
+  return err;
+}
+
+#define cudaDeviceGetAttribute deepinfer_device_attribute
+#include "marlin_gemm.inc"  // ends with the #endif of upstream's `#if __CUDA_ARCH__ < 750`
+#include "marlin_repack.inc"
+#undef cudaDeviceGetAttribute
+
+namespace {
+
+int fail(char* err, int err_len, const char* what) {
+  if (err && err_len > 0) std::snprintf(err, err_len, "%s", what);
+  return 1;
+}
+
+int launched(char* err, int err_len) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(err, err_len, cudaGetErrorString(e));
+  return 0;
+}
+
+}  // namespace
+
+extern "C" void deepinfer_marlin_set_limits(int sms, int smem_optin) {
+  g_sms_cap = sms;
+  g_smem_cap = smem_optin;
+}
+
+// The ScalarType ids of the C++ side, for the Python caller's type decisions:
+// [kFloat16, kBFloat16, kFE4M3fn, kFE8M0fnu, kFE2M1f, kS8].
+extern "C" void deepinfer_marlin_type_ids(int64_t* out) {
+  out[0] = vllm::kFloat16.id();
+  out[1] = vllm::kBFloat16.id();
+  out[2] = vllm::kFE4M3fn.id();
+  out[3] = vllm::kFE8M0fnu.id();
+  out[4] = vllm::kFE2M1f.id();
+  out[5] = vllm::kS8.id();
+}
+
+extern "C" int deepinfer_marlin_mm(
+    const void* a, const void* b, void* c, void* c_tmp, void* b_bias, void* a_s, void* b_s,
+    void* g_s, void* zp, int prob_m, int prob_n, int prob_k, int lda, void* workspace,
+    int64_t a_type_id, int64_t b_type_id, int64_t c_type_id, int64_t s_type_id, int has_bias,
+    int has_zp, int num_groups, int group_size, int dev, void* stream, int sms,
+    int use_atomic_add, int use_fp32_reduce, int is_zp_float, char* err, int err_len) {
+  try {
+    marlin::marlin_mm(a, b, c, c_tmp, b_bias, a_s, b_s, g_s, zp, prob_m, prob_n, prob_k, lda,
+                      workspace, vllm::ScalarType::from_id(a_type_id),
+                      vllm::ScalarType::from_id(b_type_id),
+                      vllm::ScalarType::from_id(c_type_id),
+                      vllm::ScalarType::from_id(s_type_id), has_bias != 0, has_zp != 0,
+                      num_groups, group_size, dev, static_cast<cudaStream_t>(stream), -1, -1,
+                      sms, use_atomic_add != 0, use_fp32_reduce != 0, is_zp_float != 0);
+  } catch (const std::exception& e) {
+    return fail(err, err_len, e.what());
+  }
+  return launched(err, err_len);
+}
+
+// gptq_marlin_repack's launch (its CALL_IF chain), restated; argument checks in the caller.
+extern "C" int deepinfer_gptq_marlin_repack(const void* in, void* out, int size_k, int size_n,
+                                            int num_bits, int is_a_8bit, int dev, void* stream,
+                                            char* err, int err_len) {
+  int blocks = 0, max_shared_mem = 0;
+  deepinfer_device_attribute(&blocks, cudaDevAttrMultiProcessorCount, dev);
+  deepinfer_device_attribute(&max_shared_mem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (blocks <= 0 || max_shared_mem <= 0) return fail(err, err_len, "device attributes");
+  auto const* src = static_cast<uint32_t const*>(in);
+  auto* dst = static_cast<uint32_t*>(out);
+  auto s = static_cast<cudaStream_t>(stream);
+#define DEEPINFER_REPACK(BITS, A8)                                                           \
+  if (num_bits == BITS && (is_a_8bit != 0) == A8) {                                         \
+    auto k = marlin::gptq_marlin_repack_kernel<marlin::repack_threads, BITS, A8>;           \
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_mem);   \
+    k<<<blocks, marlin::repack_threads, max_shared_mem, s>>>(src, dst, size_k, size_n);     \
+    return launched(err, err_len);                                                          \
+  }
+  DEEPINFER_REPACK(4, false)
+  DEEPINFER_REPACK(8, false)
+  DEEPINFER_REPACK(4, true)
+  DEEPINFER_REPACK(8, true)
+#undef DEEPINFER_REPACK
+  return fail(err, err_len, "unsupported repack config");
+}

@@ -1,0 +1,176 @@
+"""vLLM's weight-only FP8 linears on SM80, as vLLM runs them: its own Python
+(``MarlinFP8ScaledMMLinearKernel`` for V4's FP8-block linears, ``MarlinMxfp8LinearKernel`` for
+V4.1's MXFP8 linears: weight repack, scale permutation, padding, ``torch.ops.vllm.marlin_gemm``)
+over vLLM's Marlin kernels built from the tree as SM80 code (``tests/vllm_c_marlin.py``), with
+the host code answered as an A100 (capability 8.0, 108 SMs, 163 KB) or an A6000 would
+(``--limits``), on this machine's GPU.
+
+Each case builds a layer the way vLLM's loader leaves it (an [N, K] e4m3 weight and its
+scales: fp32 or UE8M0 128 x 128 blocks, or e8m0 bytes per 32 along K), runs the kernel class's
+``process_weights_after_loading`` and ``apply_weights`` for several token counts, and compares
+with a float64 oracle written from the format (code x scale, then x @ W^T). Controls feed a
+wrong scale layout and must fail.
+
+Prints one line ``RESULT {case: {"ok", "runs": [{"m", "rel_err", "max_abs_err"}], ...}}``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import vllm_builder_check as checks  # noqa: E402
+import vllm_c_marlin  # noqa: E402
+
+#: bf16 output of fp32 sums: a few units of bf16's 2^-9 relative rounding; 1e-2 is the
+#: project's bf16-level bound.
+REL_TOL = 1e-2
+#: Token counts: one decode row (m_block_size_8), a few rows, one 64-row block, more rows than
+#: one launch takes (upstream splits m into launches of at most 4 x 16 x par rows).
+TOKENS = (1, 5, 64, 300)
+
+#: name -> (format, N, K, scale form). N, K from V4-Flash / V4.1 layers: 576 = the KV
+#: projection's 512 + 64 (not a multiple of the 128 block: vLLM cuts the repeated scales),
+#: 1536 / 4096 the Q low-rank and hidden sizes; MXFP8's 5120 x 1792 from V4.1.
+CASES = {
+    "fp8_block_fp32_scales_1536x4096": ("block", 1536, 4096, "fp32"),
+    "fp8_block_ue8m0_scales_576x4096": ("block", 576, 4096, "ue8m0"),
+    "fp8_block_fp32_scales_4096x1536": ("block", 4096, 1536, "fp32"),
+    "mxfp8_1792x5120": ("mx", 1792, 5120, "e8m0"),
+    "mxfp8_576x1024": ("mx", 576, 1024, "e8m0"),
+    # Controls: the scales' two block axes swapped (block) / rows shuffled (mx) before
+    # loading. Must be reported as failures.
+    "control_block_scales_transposed": ("block", 1024, 1024, "fp32-transposed"),
+    "control_mx_scales_shuffled": ("mx", 1024, 1024, "e8m0-shuffled"),
+}
+CONTROLS = tuple(n for n in CASES if n.startswith("control_"))
+
+DEVICE = "cuda"
+
+
+def e4m3_to_float(codes):
+    """e4m3fn bytes -> float64, by the format (no FP8 dtype used): sign, 4 exponent bits
+    (bias 7), 3 mantissa bits, subnormals at exponent 0."""
+    import torch
+
+    c = codes.to(torch.int64)
+    sign = torch.where((c & 0x80) != 0, -1.0, 1.0).double()
+    e, mant = (c >> 3) & 0xF, (c & 7).double()
+    normal = (1 + mant / 8) * torch.pow(2.0, (e - 7).double())
+    sub = mant / 8 * 2.0 ** -6
+    return sign * torch.where(e == 0, sub, normal)
+
+
+def random_codes(g, n, k):
+    """Random e4m3 codes without the NaN codes (0x7F, 0xFF), as an [n, k] uint8 tensor."""
+    import torch
+
+    c = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=g)
+    return torch.where((c & 0x7F) == 0x7F, c ^ 1, c)
+
+
+def _layer(torch, weight, scales, scale_name, n, k, block):
+    """A module with what vLLM's linear layer holds after loading and its FP8 / MXFP8 linear
+    methods read."""
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    setattr(layer, scale_name, torch.nn.Parameter(scales, requires_grad=False))
+    layer.output_size_per_partition, layer.input_size_per_partition = n, k
+    layer.orig_dtype = torch.bfloat16
+    layer.weight_block_size = block
+    layer.bias = None
+    return layer
+
+
+def block_case(torch, g, n, k, form):
+    """V4's FP8-block linear: [N, K] e4m3 weight, [ceil(N/128), K/128] scales (fp32
+    ``weight_scale_inv``, or UE8M0 bytes as float8_e8m0fnu)."""
+    from vllm.model_executor.kernels.linear.scaled_mm.marlin import (
+        MarlinFP8ScaledMMLinearKernel,
+    )
+
+    codes = random_codes(g, n, k)
+    bn, bk = -(-n // 128), k // 128
+    if form.startswith("ue8m0"):
+        exps = torch.randint(115, 124, (bn, bk), dtype=torch.uint8, generator=g)
+        scale64 = torch.pow(2.0, exps.double() - 127)
+        scales = exps.view(torch.float8_e8m0fnu)
+    else:
+        scales = (torch.rand((bn, bk), generator=g, dtype=torch.float64) * 3e-3 + 1e-4).float()
+        scale64 = scales.double()
+    w64 = e4m3_to_float(codes) * scale64.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    loaded = scales.T.contiguous() if form.endswith("transposed") else scales  # control: bn == bk
+    layer = _layer(torch, codes.view(torch.float8_e4m3fn).to(DEVICE), loaded.to(DEVICE),
+                   "weight_scale_inv", n, k, [128, 128])
+    # The kernel object as vLLM's FP8 linear method holds it; __init__ is left out because
+    # it also builds an activation quantizer (QuantFP8) that the weight-only Marlin path
+    # never calls. The attributes are those its __init__ sets for a block-quantised layer.
+    kernel = object.__new__(MarlinFP8ScaledMMLinearKernel)
+    kernel.marlin_input_dtype, kernel.block_quant, kernel.size_k_first = None, True, False
+    kernel.process_weights_after_loading(layer)
+    return w64, lambda x: kernel.apply_weights(layer, x)
+
+
+def mx_case(torch, g, n, k, form):
+    """V4.1's MXFP8 linear: [N, K] e4m3 weight, [N, K/32] e8m0 scale bytes."""
+    from vllm.model_executor.kernels.linear.mxfp8.marlin import MarlinMxfp8LinearKernel
+
+    codes = random_codes(g, n, k)
+    exps = torch.randint(115, 124, (n, k // 32), dtype=torch.uint8, generator=g)
+    w64 = e4m3_to_float(codes) * torch.pow(2.0, exps.double() - 127).repeat_interleave(32, 1)
+    loaded = exps
+    if form.endswith("shuffled"):
+        loaded = exps[torch.randperm(n, generator=g)].contiguous()
+    layer = _layer(torch, codes.view(torch.float8_e4m3fn).to(DEVICE), loaded.to(DEVICE),
+                   "weight_scale", n, k, None)
+    kernel = object.__new__(MarlinMxfp8LinearKernel)  # its __init__ only stores the config
+    kernel.process_weights_after_loading(layer)
+    return w64, lambda x: kernel.apply_weights(layer, x)
+
+
+def run_case(name: str) -> dict:
+    import torch
+
+    fmt, n, k, form = CASES[name]
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    g = torch.Generator().manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # as vLLM's loader runs process_weights_after_loading
+    try:
+        w64, apply = (block_case if fmt == "block" else mx_case)(torch, g, n, k, form)
+    finally:
+        torch.set_default_dtype(prev)
+    runs = []
+    for m in TOKENS:
+        x = torch.randn((m, k), generator=g, dtype=torch.float64).to(torch.bfloat16)
+        y = apply(x.to(DEVICE))
+        torch.cuda.synchronize()
+        ref = x.double() @ w64.T
+        out = y.double().cpu()
+        rel = float((out - ref).norm() / ref.norm())
+        runs.append({"m": m, "shape": list(y.shape), "dtype": str(y.dtype),
+                     "rel_err": rel, "max_abs_err": float((out - ref).abs().max()),
+                     "finite": bool(torch.isfinite(out).all())})
+    ok = all(r["rel_err"] <= REL_TOL and r["finite"] and r["shape"] == [r["m"], n]
+             and r["dtype"] == "torch.bfloat16" for r in runs)
+    return {"ok": bool(ok), "runs": runs, "seed": seed}
+
+
+def main(argv=None) -> int:
+    ap = checks.arg_parser(__doc__)
+    ap.add_argument("--device", default="cuda", choices=("cuda",))
+    ap.add_argument("--limits", default="a100", choices=sorted(vllm_c_marlin.LIMITS),
+                    help="the SM count and opt-in shared memory the host code sees")
+    args = ap.parse_args(argv)
+    import torch
+
+    lib = vllm_c_marlin.MarlinLib(vllm_c_marlin.build(args.tree),
+                                  vllm_c_marlin.LIMITS[args.limits])
+    vllm_c_marlin.register_vllm_ops(lib, args.tree)
+    checks.boot(args.tree, args.overlay, args.capability, (), device=args.device)
+    print("INFO " + repr({"limits": list(lib.limits), "device": torch.cuda.get_device_name(0)}))
+    return checks.run_cases(args.case or list(CASES), run_case)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
