@@ -28,6 +28,14 @@ def generated(tree):
     return vllm_c_marlin.generate(tree)
 
 
+def test_moe_family_generates_its_fp4_instantiations(tree, generated):
+    units, selector = vllm_c_marlin.generate(tree, "moe")
+    assert len(units) == 30  # MXFP4 (e8m0, group 32) and NVFP4 (e4m3, group 16), 15 each
+    assert "kFE2M1f" in selector and "s_type == vllm::kFE8M0fnu" in selector
+    half = vllm_c_marlin.moe_half(tree)
+    assert "void marlin_mm(" in half and "torch::stable::Tensor" not in half
+
+
 def test_selector_keeps_exactly_the_built_instantiations(generated):
     units, selector = generated
     # 5 m-block sizes x 3 thread configs x 3 groupings (channel, group 128, MXFP8's e8m0 32)
@@ -94,10 +102,30 @@ def test_restated_glue_matches_the_upstream_wrappers(tree):
         assert said in repack, said
 
 
-def test_harness_and_an_instantiation_compile_for_ampere(tree, generated, tmp_path):
+def test_restated_moe_glue_matches_the_upstream_wrapper(tree):
+    ops = re.sub(r"\s+", " ", (tree / vllm_c_marlin.MOE / "ops.cu").read_text())
+    wrapper = ops[ops.find("torch::stable::Tensor moe_wna16_marlin_gemm("):]
+    for said in (
+            "(long)size_n * sorted_token_ids.size(0), (long)sms * 4 * moe_block_size * "
+            "MARLIN_NAMESPACE_NAME::max_thread_n);",
+            "if (moe_block_size == 8) max_c_tmp_size *= 2;",
+            "if (use_fp32_reduce && !use_atomic_add) {",
+            "int num_experts = b_q_weight.size(0);",
+            "num_groups = b_scales.size(1);", "group_size = size_k / num_groups;",
+            "max_n_tiles * (int)(sorted_token_ids.size(0) / moe_block_size), sms * 4);",
+            "topk_weights.mutable_data_ptr(), moe_block_size, num_experts, top_k, "
+            "mul_topk_weights, size_m, size_n, size_k, workspace.mutable_data_ptr(), a_type, "
+            "b_type, c_type, s_type, has_bias, has_zp, group_size, dev, "
+            "get_current_cuda_stream(dev), thread_k, thread_n, sms, blocks_per_sm, "
+            "use_atomic_add, use_fp32_reduce, is_zp_float);"):
+        assert said in wrapper, said
+
+
+@pytest.mark.parametrize("family", sorted(vllm_c_marlin.FAMILIES))
+def test_harness_and_an_instantiation_compile_for_ampere(tree, generated, tmp_path, family):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     pytest.importorskip("torch")
-    lines = vllm_c_marlin.compile_check(tree, tmp_path)
+    lines = vllm_c_marlin.compile_check(tree, tmp_path, family=family)
     assert any("sm_80" in ln for ln in lines) and any("sm_86" in ln for ln in lines)
-    assert any("Marlin" in ln or "_ZN6marlin6Marlin" in ln for ln in lines)
+    assert any("6MarlinIL" in ln for ln in lines)

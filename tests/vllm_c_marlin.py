@@ -42,24 +42,59 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import vllm_c_ops
 from vllm_c_ops import VllmCError
 
 MARLIN = "csrc/quantization/marlin"
-#: The tree's files the build reads (the GPU bundle carries them: deepinfer.bundle.VLLM_CSRC).
-FILES = tuple(f"{MARLIN}/{n}" for n in (
-    "marlin.cu", "gptq_marlin_repack.cu", "generate_kernels.py", "kernel.h", "marlin.cuh",
-    "marlin_dtypes.cuh", "marlin_template.h", "dequant.h", "marlin_mma.h")) + (
-    "csrc/core/scalar_type.hpp", "csrc/torch_bindings.cpp")
-#: (activation, weight, output) types whose instantiations are built: bf16 x e4m3 -> bf16,
-#: which holds both the FP8 channel / group-128 kernels (bf16 scales) and MXFP8's (e8m0).
-KERNEL_TYPES = (("kBFloat16", "kFE4M3fn", "kBFloat16"),)
-#: marlin.cu is cut before its last wrapper definition (the first is the stub of the
-#: ``__CUDA_ARCH__ < 750`` branch); the harness closes that ``#if``.
+MOE = "csrc/moe/marlin_moe_wna16"
 GEMM_CUT = re.compile(r"^torch::stable::Tensor marlin_gemm\(", re.M)
+MOE_CUT = re.compile(r"^torch::stable::Tensor moe_wna16_marlin_gemm\(", re.M)
 REPACK_CUT = re.compile(r"^#define CALL_IF\(", re.M)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One Marlin library: the dense GEMM (with the weight repack) or the MoE GEMM."""
+    dir: str                   # where the tree's kernel.h / marlin_template.h and the
+                               # generated units live
+    main: str                  # the file with marlin_mm and the torch-op wrapper
+    cut: re.Pattern            # the wrapper's first line
+    cut_last: bool             # cut before the last match (marlin.cu has a stub first)
+    #: (activation, weight, output) types whose instantiations are built
+    kernel_types: tuple[tuple[str, str, str], ...]
+    headers: tuple[str, ...]   # the tree's headers the build copies (paths under csrc/..)
+    harness: str               # tests/vllm_c/<harness>
+    lib: str
+
+
+FAMILIES = {
+    # bf16 x e4m3 -> bf16 holds the FP8 channel / group-128 kernels (bf16 scales) and
+    # MXFP8's (e8m0 groups of 32): V4's FP8-block linears and V4.1's MXFP8 linears.
+    "dense": Family(MARLIN, "marlin.cu", GEMM_CUT, True, (("kBFloat16", "kFE4M3fn", "kBFloat16"),),
+                    tuple(f"{MARLIN}/{n}" for n in ("kernel.h", "marlin.cuh", "marlin_dtypes.cuh",
+                                                    "marlin_template.h", "dequant.h",
+                                                    "marlin_mma.h")),
+                    "marlin_harness.cu", "libmarlin_sm80.so"),
+    # bf16 x e2m1 -> bf16 holds MXFP4's kernels (e8m0 groups of 32; NVFP4's too): the routed
+    # experts of V4-Flash, V4-Pro and V4.1-Flash.
+    "moe": Family(MOE, "ops.cu", MOE_CUT, False, (("kBFloat16", "kFE2M1f", "kBFloat16"),),
+                  (f"{MOE}/kernel.h", f"{MOE}/marlin_template.h",
+                   *(f"{MARLIN}/{n}" for n in ("marlin.cuh", "marlin_dtypes.cuh", "dequant.h",
+                                                "marlin_mma.h"))),
+                  "marlin_moe_harness.cu", "libmarlin_moe_sm80.so"),
+}
+#: The tree's files the builds read (the GPU bundle carries them: deepinfer.bundle.VLLM_CSRC).
+FILES = tuple(dict.fromkeys([
+    *(f"{f.dir}/{f.main}" for f in FAMILIES.values()),
+    *(h for f in FAMILIES.values() for h in f.headers),
+    f"{MARLIN}/gptq_marlin_repack.cu", f"{MARLIN}/generate_kernels.py",
+    "csrc/core/scalar_type.hpp", "csrc/torch_bindings.cpp", "csrc/moe/torch_bindings.cpp"]))
+#: kept for callers of the dense family
+KERNEL_TYPES = FAMILIES["dense"].kernel_types
+
 #: What the host code is told: SM count and opt-in shared memory per block (A100: 108 SMs,
 #: 163 KB; RTX A6000: 84 SMs, 99 KB).
 LIMITS = {"a100": (108, 163 * 1024), "a6000": (84, 99 * 1024)}
@@ -115,10 +150,11 @@ def repack_half(tree: Path) -> str:
                 f"{MARLIN}/gptq_marlin_repack.cu", False)
 
 
-def generate(tree: Path) -> tuple[dict[str, str], str]:
-    """Run the tree's generator for arch 8.0; returns ({unit name: source}, selector) for
-    ``KERNEL_TYPES``: one unit per instantiation, and kernel_selector.h keeping exactly the
-    instantiations built."""
+def generate(tree: Path, family: str = "dense") -> tuple[dict[str, str], str]:
+    """Run the tree's generator for arch 8.0 (as vLLM's CMake does for each family's
+    directory); returns ({unit name: source}, selector) for the family's kernel types: one
+    unit per instantiation, and kernel_selector.h keeping exactly the instantiations built."""
+    fam = FAMILIES[family]
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(tree / MARLIN / "generate_kernels.py", tmp)
         proc = subprocess.run([sys.executable, str(Path(tmp) / "generate_kernels.py"), "8.0", tmp],
@@ -130,11 +166,11 @@ def generate(tree: Path) -> tuple[dict[str, str], str]:
     if "kernel_selector.h" not in outputs:
         raise VllmCError(f"{MARLIN}/generate_kernels.py wrote no kernel_selector.h")
     units: dict[str, str] = {}
-    for a, b, c in KERNEL_TYPES:
+    for a, b, c in fam.kernel_types:
         name = f"sm80_kernel_{a[1:]}_{b[1:]}_{c[1:]}.cu".lower()
         if name not in outputs:
             raise VllmCError(f"the generator wrote no {name} for arch 8.0 (files: "
-                             f"{sorted(outputs)}); update KERNEL_TYPES in tests/vllm_c_marlin.py")
+                             f"{sorted(outputs)}); update FAMILIES in tests/vllm_c_marlin.py")
         text = outputs[name]
         found = list(_INSTANTIATION.finditer(text))
         if not found:
@@ -143,7 +179,7 @@ def generate(tree: Path) -> tuple[dict[str, str], str]:
         head = text[:found[0].start()]
         for i, m in enumerate(found):
             units[f"{name[:-3]}_{i:03d}.cu"] = f"{head}{m.group(0)}\n\n}}\n"
-    selector = _reduce_selector(outputs["kernel_selector.h"])
+    selector = _reduce_selector(outputs["kernel_selector.h"], fam.kernel_types)
     built = {m.group(1).replace(" ", "") for u in units.values()
              for m in _INSTANTIATION.finditer(u)}
     selected = {m.group("kernel").replace(" ", "") for m in _SELECTOR_ENTRY.finditer(selector)}
@@ -153,15 +189,15 @@ def generate(tree: Path) -> tuple[dict[str, str], str]:
     return units, selector
 
 
-def _reduce_selector(text: str) -> str:
+def _reduce_selector(text: str, kernel_types) -> str:
     keep = []
     for m in _SELECTOR_ENTRY.finditer(text):
         cond = m.group("cond")
         if any(f"a_type == vllm::{a}" in cond and f"b_type == vllm::{b}" in cond
-               and f"c_type == vllm::{c}" in cond for a, b, c in KERNEL_TYPES):
+               and f"c_type == vllm::{c}" in cond for a, b, c in kernel_types):
             keep.append((cond, m.group("kernel")))
     if not keep:
-        raise VllmCError("kernel_selector.h: no entry for KERNEL_TYPES in the form "
+        raise VllmCError("kernel_selector.h: no entry for the kernel types in the form "
                          "`if (...)\\n  kernel = Marlin<...>;`")
     lines = ["// kernel_selector.h of the tree's generator, reduced by tests/vllm_c_marlin.py"]
     for i, (cond, kernel) in enumerate(keep):
@@ -169,41 +205,49 @@ def _reduce_selector(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sources(tree: Path) -> dict[str, str]:
-    """Every file of the build, by path under the build's source root (laid out as csrc/)."""
-    units, selector = generate(tree)
-    here = "quantization/marlin"
-    files = {f"{here}/{n}": (tree / MARLIN / n).read_text() for n in (
-        "kernel.h", "marlin.cuh", "marlin_dtypes.cuh", "marlin_template.h", "dequant.h",
-        "marlin_mma.h")}
+def moe_half(tree: Path) -> str:
+    return _cut((tree / MOE / "ops.cu").read_text(), MOE_CUT, f"{MOE}/ops.cu", False)
+
+
+def sources(tree: Path, family: str = "dense") -> dict[str, str]:
+    """Every file of the family's build, by path under the build's source root (laid out
+    as csrc/)."""
+    fam = FAMILIES[family]
+    units, selector = generate(tree, family)
+    here = fam.dir[len("csrc/"):]
+    files = {h[len("csrc/"):]: (tree / h).read_text() for h in fam.headers}
     files["core/scalar_type.hpp"] = (tree / "csrc/core/scalar_type.hpp").read_text()
     files["torch_utils.h"] = (vllm_c_ops._HERE / "torch_utils.h").read_text()
     files[f"{here}/kernel_selector.h"] = selector
-    files[f"{here}/marlin_gemm.inc"] = gemm_half(tree)
-    files[f"{here}/marlin_repack.inc"] = repack_half(tree)
-    files[f"{here}/marlin_harness.cu"] = (vllm_c_ops._HERE / "marlin_harness.cu").read_text()
+    if family == "dense":
+        files[f"{here}/marlin_gemm.inc"] = gemm_half(tree)
+        files[f"{here}/marlin_repack.inc"] = repack_half(tree)
+    else:
+        files[f"{here}/marlin_moe.inc"] = moe_half(tree)
+    files[f"{here}/{fam.harness}"] = (vllm_c_ops._HERE / fam.harness).read_text()
     for name, text in units.items():
         files[f"{here}/{name}"] = text
     return files
 
 
-def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | None = None
-          ) -> Path:
-    """Build (or reuse) ``libmarlin_sm80.so``; returns its path."""
+def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | None = None,
+          family: str = "dense") -> Path:
+    """Build (or reuse) the family's library; returns its path."""
     tree = tree or find_tree()
     if tree is None:
         raise VllmCError(f"no vLLM tree with the Marlin sources ({FILES[0]}; make apply, or "
                          "set DEEPINFER_VLLM_TREE)")
     nvcc, inc = vllm_c_ops._nvcc(), vllm_c_ops._torch_include()
-    files = sources(tree)
+    fam = FAMILIES[family]
+    files = sources(tree, family)
     ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
     flags = [*_FLAGS, *_GENCODE]
     key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
                                     ver]).encode()).hexdigest()[:12]
     root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR",
                                            vllm_c_ops._REPO / "build" / "vllm-c"))
-    d = root / f"marlin-sm80-{key}"
-    lib = d / "libmarlin_sm80.so"
+    d = root / f"marlin-{family}-sm80-{key}"
+    lib = d / fam.lib
     if lib.is_file():
         return lib
     src = d / "src"
@@ -232,7 +276,7 @@ def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | No
         tail = "\n".join((failed[0][1].stdout + failed[0][1].stderr).strip().splitlines()[-20:])
         raise VllmCError(f"nvcc failed for {len(failed)} Marlin unit(s) (log: {d / 'build.log'}):"
                          f"\n{failed[0][0]}\n{tail}")
-    tmp = d / "libmarlin_sm80.so.part"
+    tmp = d / (fam.lib + ".part")
     cmd = [nvcc, "-shared", *sorted(str(p) for p in objs.glob("*.o")), "-o", str(tmp)]
     proc = subprocess.run(cmd, text=True, capture_output=True)
     if proc.returncode != 0:
@@ -243,17 +287,18 @@ def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | No
 
 def compile_check(tree: Path, out_dir: Path, units: int = 1,
                   gencode: tuple[str, ...] = ("-gencode=arch=compute_80,code=sm_80",
-                                              "-gencode=arch=compute_86,code=sm_86")
-                  ) -> list[str]:
+                                              "-gencode=arch=compute_86,code=sm_86"),
+                  family: str = "dense") -> list[str]:
     """Compile the harness and the first ``units`` instantiations for real Ampere targets
     (no link, no GPU); returns ptxas's lines (raises on a compile error). For the CPU suite."""
     nvcc, inc = vllm_c_ops._nvcc(), vllm_c_ops._torch_include()
-    files = sources(tree)
+    fam = FAMILIES[family]
+    files = sources(tree, family)
     for name, text in files.items():
         p = out_dir / "src" / name
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
-    names = ["quantization/marlin/marlin_harness.cu",
+    names = [f"{fam.dir[len('csrc/'):]}/{fam.harness}",
              *sorted(n for n in files if "/sm80_kernel_" in n)[:units]]
     lines = []
     for name in names:
@@ -309,6 +354,30 @@ class MarlinLib:
         n = torch.cuda.get_device_properties(device).multi_processor_count
         return min(n, self.limits[0]) if self.limits[0] > 0 else n
 
+    def _types(self, a, b_type_id: int, b_scales) -> tuple[int, int, int, bool]:
+        """The wrappers' type decisions for a 16-bit activation: (activation / output type id,
+        scale type id, weights per int32, NVFP4?)."""
+        import torch
+
+        ids = self.ids
+        if a.dtype not in (torch.float16, torch.bfloat16):
+            raise NotImplementedError("8-bit activations: Marlin W8A8 needs SM89+ (vLLM refuses "
+                                      "it below)")
+        act = ids["f16"] if a.dtype == torch.float16 else ids["bf16"]
+        s_type = act
+        if b_type_id == ids["fe2m1f"]:
+            s_type = {torch.float8_e4m3fn: ids["fe4m3fn"],
+                      torch.float8_e8m0fnu: ids["fe8m0fnu"]}.get(b_scales.dtype)
+            if s_type is None:
+                raise RuntimeError("When b_type = float4_e2m1f, b_scale scalar type must be "
+                                   "float8_e4m3fn or float8_e8m0fnu")
+        elif b_type_id == ids["fe4m3fn"] and b_scales.dtype == torch.float8_e8m0fnu:
+            s_type = ids["fe8m0fnu"]
+        bits = 4 if b_type_id == ids["fe2m1f"] else 8 if b_type_id == ids["fe4m3fn"] else 0
+        if not bits:
+            raise NotImplementedError("only the FP8 / FP4 weight types are built here")
+        return act, s_type, 32 // bits, b_type_id == ids["fe2m1f"] and s_type == ids["fe4m3fn"]
+
     @staticmethod
     def _check(rc: int, err, what: str) -> None:
         if rc != 0:
@@ -339,25 +408,7 @@ class MarlinLib:
                     use_fp32_reduce: bool = False, is_zp_float: bool = False):
         import torch
 
-        ids = self.ids
-        if a.dtype not in (torch.float16, torch.bfloat16):
-            raise NotImplementedError("8-bit activations: Marlin W8A8 needs SM89+ (vLLM refuses "
-                                      "it below)")
-        act = ids["f16"] if a.dtype == torch.float16 else ids["bf16"]
-        s_type = act
-        if b_type_id == ids["fe2m1f"]:
-            s_type = {torch.float8_e4m3fn: ids["fe4m3fn"],
-                      torch.float8_e8m0fnu: ids["fe8m0fnu"]}.get(b_scales.dtype)
-            if s_type is None:
-                raise RuntimeError("When b_type = float4_e2m1f, b_scale scalar type must be "
-                                   "float8_e4m3fn or float8_e8m0fnu")
-        elif b_type_id == ids["fe4m3fn"] and b_scales.dtype == torch.float8_e8m0fnu:
-            s_type = ids["fe8m0fnu"]
-        bits = 4 if b_type_id == ids["fe2m1f"] else 8 if b_type_id == ids["fe4m3fn"] else 0
-        if not bits:
-            raise NotImplementedError("only the FP8 / FP4 weight types are built here")
-        pack = 32 // bits
-        nvfp4 = b_type_id == ids["fe2m1f"] and s_type == ids["fe4m3fn"]
+        act, s_type, pack, nvfp4 = self._types(a, b_type_id, b_scales)
         if not (a.dim() == 2 and tuple(a.shape) == (size_m, size_k) and size_k % self.TILE == 0
                 and b_q_weight.size(0) == size_k // self.TILE
                 and b_q_weight.size(1) % self.TILE == 0
@@ -411,18 +462,112 @@ class MarlinLib:
         return c
 
 
-def op_schemas(tree: Path, names=("marlin_gemm", "gptq_marlin_repack")) -> dict[str, str]:
-    """The ``ops.def`` schemas of ``names`` in the tree's csrc/torch_bindings.cpp."""
-    text = (tree / "csrc/torch_bindings.cpp").read_text()
+class MarlinMoeLib(MarlinLib):
+    """The MoE library with ``moe_wna16_marlin_gemm``'s host glue restated (16-bit
+    activations)."""
+
+    def __init__(self, path: Path, limits: tuple[int, int] = A100_LIMITS):
+        self.path = Path(path)
+        self._lib = ctypes.CDLL(str(path))
+        self._lib.deepinfer_marlin_set_limits.argtypes = [_I, _I]
+        self._lib.deepinfer_marlin_type_ids.argtypes = [_P]
+        mm = self._lib.deepinfer_moe_marlin_mm
+        mm.argtypes = ([_P] * 13 + [_I, _I, _I, _I, _I, _I, _I, _P, _I64, _I64, _I64, _I64, _I,
+                                    _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I,
+                                    ctypes.c_char_p, _I])
+        mm.restype = _I
+        ids = (ctypes.c_int64 * 6)()
+        self._lib.deepinfer_marlin_type_ids(ids)
+        self.ids = dict(zip(("f16", "bf16", "fe4m3fn", "fe8m0fnu", "fe2m1f", "s8"), ids))
+        self.limits = limits
+        self._lib.deepinfer_marlin_set_limits(*limits)
+
+    def moe_wna16_marlin_gemm(self, a, c_or_none, b_q_weight, b_bias_or_none, b_scales,
+                              a_scales_or_none, global_scale_or_none, b_zeros_or_none,
+                              workspace, sorted_token_ids, expert_ids, num_tokens_past_padded,
+                              topk_weights, moe_block_size: int, top_k: int,
+                              mul_topk_weights: bool, b_type_id: int, size_m: int, size_n: int,
+                              size_k: int, use_atomic_add: bool, use_fp32_reduce: bool,
+                              is_zp_float: bool, thread_k: int = -1, thread_n: int = -1,
+                              blocks_per_sm: int = -1):
+        import torch
+
+        act, s_type, pack, nvfp4 = self._types(a, b_type_id, b_scales)
+        num_experts = b_q_weight.size(0)
+        block_ok = moe_block_size == 8 or (moe_block_size % 16 == 0
+                                           and 16 <= moe_block_size <= 64)
+        if not (block_ok and a.dim() == 2 and tuple(a.shape) == (size_m, size_k)
+                and size_k % self.TILE == 0 and b_q_weight.dim() == 3
+                and b_q_weight.size(1) == size_k // self.TILE
+                and b_q_weight.size(2) % self.TILE == 0
+                and b_q_weight.size(2) // self.TILE * pack == size_n
+                and a.is_cuda and a.is_contiguous() and b_q_weight.is_contiguous()
+                and b_scales.is_contiguous() and b_scales.dim() == 3
+                and b_scales.size(2) == size_n and size_n % self.MIN_THREAD_N == 0
+                and a_scales_or_none is None and b_zeros_or_none is None
+                and (global_scale_or_none is not None) == nvfp4):
+            raise RuntimeError("moe_wna16_marlin_gemm: arguments outside what the upstream op "
+                               "accepts")
+        dev = a.device
+        sms = self._sms(dev)
+        if c_or_none is not None:
+            c = c_or_none
+            if not (c.is_contiguous() and tuple(c.shape) == (size_m * top_k, size_n)):
+                raise RuntimeError("moe_wna16_marlin_gemm: c")
+        else:
+            c = torch.empty((size_m * top_k, size_n), dtype=a.dtype, device=dev)
+        if use_fp32_reduce and not use_atomic_add:
+            n_tmp = min(size_n * sorted_token_ids.size(0),
+                        sms * 4 * moe_block_size * self.MAX_THREAD_N)
+            if moe_block_size == 8:
+                n_tmp *= 2
+            c_tmp = torch.empty(n_tmp, dtype=torch.float32, device=dev)
+        else:
+            c_tmp = torch.empty(0, dtype=torch.float32, device=dev)
+        num_groups = b_scales.size(1)
+        group_size = -1
+        if num_groups > 1:
+            if size_k % num_groups:
+                raise RuntimeError("size_k is not divisible by b_scales.size(1)")
+            group_size = size_k // num_groups
+        bias = b_bias_or_none
+        if bias is not None and not (bias.is_contiguous() and bias.size(1) == size_n):
+            raise RuntimeError("moe_wna16_marlin_gemm: b_bias")
+        need = min(size_n // self.MIN_THREAD_N * (sorted_token_ids.size(0) // moe_block_size),
+                   sms * 4)
+        if workspace.numel() < need:
+            raise RuntimeError(f"workspace.numel = {workspace.numel()} is below {need}")
+        empty = torch.empty(0, dtype=torch.float32, device=dev)
+        gs = global_scale_or_none if global_scale_or_none is not None else empty
+        err = ctypes.create_string_buffer(1024)
+        with torch.cuda.device(dev):
+            rc = self._lib.deepinfer_moe_marlin_mm(
+                a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp.data_ptr(),
+                bias.data_ptr() if bias is not None else None, empty.data_ptr(),
+                b_scales.data_ptr(), gs.data_ptr(), None, sorted_token_ids.data_ptr(),
+                expert_ids.data_ptr(), num_tokens_past_padded.data_ptr(),
+                topk_weights.data_ptr(), moe_block_size, num_experts, top_k,
+                int(mul_topk_weights), size_m, size_n, size_k, workspace.data_ptr(), act,
+                b_type_id, act, s_type, int(bias is not None), 0, group_size, dev.index,
+                torch.cuda.current_stream().cuda_stream, thread_k, thread_n, sms, blocks_per_sm,
+                int(use_atomic_add), int(use_fp32_reduce), int(is_zp_float), err, len(err))
+        self._check(rc, err, "moe_wna16_marlin_gemm")
+        return c
+
+
+def op_schemas(tree: Path, names=("marlin_gemm", "gptq_marlin_repack"),
+               bindings: str = "csrc/torch_bindings.cpp") -> dict[str, str]:
+    """The ``ops.def`` / ``m.def`` schemas of ``names`` in one of the tree's bindings files."""
+    text = (tree / bindings).read_text()
     out = {}
-    for m in re.finditer(r'ops\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\)', text):
+    for m in re.finditer(r'\b(?:ops|m)\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\)', text):
         schema = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1)))
         name = schema.split("(", 1)[0].strip()
         if name in names:
-            out[name] = schema
+            out[name] = re.sub(r"\s+", " ", schema)
     missing = [n for n in names if n not in out]
     if missing:
-        raise VllmCError(f"csrc/torch_bindings.cpp: no ops.def for {missing}")
+        raise VllmCError(f"{bindings}: no ops.def / m.def for {missing}")
     return out
 
 
@@ -430,13 +575,25 @@ _LIBRARIES = []  # torch.library.Library objects must outlive the registration
 
 
 def register_vllm_ops(lib: MarlinLib, tree: Path) -> None:
-    """Define ``_C::marlin_gemm`` and ``_C::gptq_marlin_repack`` (the tree's schemas) with
-    ``lib`` as their CUDA implementation."""
+    """Define the library's ops with the tree's schemas and ``lib`` as their CUDA
+    implementation: ``_C::marlin_gemm`` and ``_C::gptq_marlin_repack`` for the dense library,
+    ``_moe_C::moe_wna16_marlin_gemm`` for the MoE one."""
+    if isinstance(lib, MarlinMoeLib):
+        define(tree, "_moe_C", "csrc/moe/torch_bindings.cpp",
+               {"moe_wna16_marlin_gemm": lib.moe_wna16_marlin_gemm})
+    else:
+        define(tree, "_C", "csrc/torch_bindings.cpp",
+               {"marlin_gemm": lib.marlin_gemm, "gptq_marlin_repack": lib.gptq_marlin_repack})
+
+
+def define(tree: Path, namespace: str, bindings: str, impls: dict) -> None:
+    """Define ``namespace::name`` for each of ``impls`` with the schema of the tree's
+    ``bindings`` file and the callable as its CUDA implementation."""
     import torch
 
-    schemas = op_schemas(tree)
-    library = torch.library.Library("_C", "FRAGMENT")
-    for name, schema in schemas.items():
-        library.define(schema)
-        library.impl(name, getattr(lib, name), "CUDA")
+    schemas = op_schemas(tree, tuple(impls), bindings)
+    library = torch.library.Library(namespace, "FRAGMENT")
+    for name, fn in impls.items():
+        library.define(schemas[name])
+        library.impl(name, fn, "CUDA")
     _LIBRARIES.append(library)

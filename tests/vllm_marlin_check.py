@@ -11,6 +11,12 @@ scales: fp32 or UE8M0 128 x 128 blocks, or e8m0 bytes per 32 along K), runs the 
 with a float64 oracle written from the format (code x scale, then x @ W^T). Controls feed a
 wrong scale layout and must fail.
 
+The MoE cases run V4's MXFP4 routed experts through vLLM's ``prepare_moe_mxfp4_layer_for_marlin``
+and ``fused_marlin_moe`` (SiLU with the swiglu clamp) over vLLM's Marlin MoE kernels built the
+same way; the two small compiled ops that path also calls (``moe_align_block_size``,
+``silu_and_mul_with_clamp``) are torch stand-ins written from their contracts, so those cases
+check the MoE GEMMs, vLLM's weight preparation and its orchestration, not those two kernels.
+
 Prints one line ``RESULT {case: {"ok", "runs": [{"m", "rel_err", "max_abs_err"}], ...}}``."""
 from __future__ import annotations
 
@@ -43,7 +49,19 @@ CASES = {
     "control_block_scales_transposed": ("block", 1024, 1024, "fp32-transposed"),
     "control_mx_scales_shuffled": ("mx", 1024, 1024, "e8m0-shuffled"),
 }
+#: MXFP4 routed experts through ``fused_marlin_moe`` (V4's SiLU with the swiglu clamp):
+#: name -> (experts, top-k, hidden K, intermediate N, form). V4-Flash routes each token to 6
+#: of 256 experts; fewer experts here keep every expert busy at small token counts.
+MOE_CASES = {
+    "mxfp4_moe_e16_top6_2048x1024": (16, 6, 2048, 1024, "ok"),
+    "mxfp4_moe_e8_top6_4096x512": (8, 6, 4096, 512, "ok"),
+    # Control: the gate and up halves of w13 swapped at loading. Must be reported as failing.
+    "control_moe_gate_up_swapped": (8, 6, 2048, 512, "swapped"),
+}
+CASES.update({n: ("moe", *MOE_CASES[n][:4]) for n in MOE_CASES})
 CONTROLS = tuple(n for n in CASES if n.startswith("control_"))
+#: V4's swiglu_limit: silu(min(gate, 10)) * clamp(up, -10, 10)
+SWIGLU_LIMIT = 10.0
 
 DEVICE = "cuda"
 
@@ -128,9 +146,143 @@ def mx_case(torch, g, n, k, form):
     return w64, lambda x: kernel.apply_weights(layer, x)
 
 
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def e2m1_to_float(packed, k):
+    """[..., k / 2] bytes of e2m1 pairs (low nibble first) -> [..., k] float64."""
+    import torch
+
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float64)
+    p = packed.to(torch.int64)
+    return torch.stack([lut[p & 0xF], lut[p >> 4]], -1).reshape(*packed.shape[:-1], k)
+
+
+def silu_and_mul_with_clamp_standin(result, input, limit, alpha=1.0, beta=0.0):
+    """Test stand-in for vLLM's compiled ``_C::silu_and_mul_with_clamp``, written from the
+    contract its Python caller states (``fused_moe/activation.py``: the XPU branch and the
+    comment "silu(clamp(gate)) * clamp(up)"), in float32."""
+    import torch
+
+    d = input.shape[-1] // 2
+    gate = input[..., :d].float().clamp(max=limit)
+    up = input[..., d:].float().clamp(min=-limit, max=limit)
+    result.copy_((gate * torch.sigmoid(alpha * gate) * (up + beta)).to(result.dtype))
+
+
+def moe_align_block_size_standin(topk_ids, num_experts, block_size, sorted_token_ids,
+                                 experts_ids, num_tokens_post_pad, maybe_expert_map,
+                                 scatter_idx=None):
+    """Test stand-in for vLLM's compiled ``_moe_C::moe_align_block_size`` (no expert map),
+    written from its documented contract (``moe_align_block_size.py``): the routed rows
+    grouped by expert, each expert's group padded to a multiple of ``block_size`` with the
+    value ``topk_ids.numel()``, one expert id per block, the padded total; blocks past it
+    inactive (-1)."""
+    import torch
+
+    if maybe_expert_map is not None or scatter_idx is not None:
+        raise NotImplementedError("the stand-in covers the no-expert-map call only")
+    flat = topk_ids.flatten().long()
+    sorted_token_ids.fill_(flat.numel())
+    experts_ids.fill_(-1)
+    pos = 0
+    for e in range(num_experts):
+        rows = torch.nonzero(flat == e).flatten().to(torch.int32)
+        if rows.numel() == 0:
+            continue
+        padded = -(-rows.numel() // block_size) * block_size
+        sorted_token_ids[pos:pos + rows.numel()] = rows
+        experts_ids[pos // block_size:(pos + padded) // block_size] = e
+        pos += padded
+    num_tokens_post_pad.fill_(pos)
+
+
+def moe_case(torch, g, name):
+    """V4's MXFP4 routed experts: w13 [E, 2N, K/2] and w2 [E, K, N/2] e2m1 pairs, e8m0 scales
+    per 32 along K (w13: [E, 2N, K/32], w2: [E, K, N/32]); vLLM's
+    ``prepare_moe_mxfp4_layer_for_marlin`` and ``fused_marlin_moe`` with SiLU and the swiglu
+    clamp."""
+    from vllm.model_executor.layers.fused_moe.activation import (
+        ApplyMoEActivationConfig,
+        MoEActivation,
+    )
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
+        prepare_moe_mxfp4_layer_for_marlin,
+    )
+    from vllm.scalar_type import scalar_types
+
+    e, top_k, k, n, form = MOE_CASES[name]
+    w13 = torch.randint(0, 256, (e, 2 * n, k // 2), dtype=torch.uint8, generator=g)
+    w2 = torch.randint(0, 256, (e, k, n // 2), dtype=torch.uint8, generator=g)
+    # Scales that keep the intermediate values around the clamp (|x| ~ 1-30 at K 4096).
+    s13 = torch.randint(118, 122, (e, 2 * n, k // 32), dtype=torch.uint8, generator=g)
+    s2 = torch.randint(118, 122, (e, k, n // 32), dtype=torch.uint8, generator=g)
+    w13_64 = e2m1_to_float(w13, k) * torch.pow(2.0, s13.double() - 127).repeat_interleave(32, -1)
+    w2_64 = e2m1_to_float(w2, n) * torch.pow(2.0, s2.double() - 127).repeat_interleave(32, -1)
+    l13, ls13 = w13, s13
+    if form == "swapped":
+        l13 = torch.cat([w13[:, n:], w13[:, :n]], 1)
+        ls13 = torch.cat([s13[:, n:], s13[:, :n]], 1)
+    layer = torch.nn.Module()
+    layer.params_dtype = torch.bfloat16
+    q13, q2, q13s, q2s, _, _ = prepare_moe_mxfp4_layer_for_marlin(
+        layer, l13.to(DEVICE), w2.to(DEVICE), ls13.to(DEVICE), s2.to(DEVICE), None, None)
+    config = ApplyMoEActivationConfig(clamp_limit=SWIGLU_LIMIT)
+
+    def apply(x, topk_w, topk_ids):
+        return fused_marlin_moe(x, q13, q2, None, None, q13s, q2s, topk_w, topk_ids,
+                                quant_type_id=scalar_types.float4_e2m1f.id,
+                                activation=MoEActivation.SILU, activation_config=config)
+
+    def reference(x64, topk_w, topk_ids):
+        out = torch.zeros(x64.shape[0], k, dtype=torch.float64)
+        for ex in range(e):  # the rows routed to each expert, as one product
+            t, j = torch.nonzero(topk_ids == ex, as_tuple=True)
+            if t.numel() == 0:
+                continue
+            h = x64[t] @ w13_64[ex].T
+            gate = h[:, :n].clamp(max=SWIGLU_LIMIT)
+            up = h[:, n:].clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+            y = (gate * torch.sigmoid(gate) * up) @ w2_64[ex].T
+            out.index_add_(0, t, y * topk_w[t, j].double()[:, None])
+        return out
+
+    return apply, reference
+
+
+def run_moe_case(torch, name: str, g, seed: int) -> dict:
+    e, top_k, k, n, _ = MOE_CASES[name]
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        apply, reference = moe_case(torch, g, name)
+    finally:
+        torch.set_default_dtype(prev)
+    runs = []
+    for m in TOKENS:
+        x = (torch.randn((m, k), generator=g, dtype=torch.float64) * 0.5).to(torch.bfloat16)
+        topk_ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
+        topk_w = torch.softmax(torch.randn((m, top_k), generator=g), -1).float()
+        y = apply(x.to(DEVICE), topk_w.to(DEVICE), topk_ids.to(torch.int32).to(DEVICE))
+        torch.cuda.synchronize()
+        ref = reference(x.double(), topk_w, topk_ids)
+        out = y.double().cpu()
+        rel = float((out - ref).norm() / ref.norm())
+        runs.append({"m": m, "shape": list(y.shape), "dtype": str(y.dtype), "rel_err": rel,
+                     "max_abs_err": float((out - ref).abs().max()),
+                     "finite": bool(torch.isfinite(out).all())})
+    ok = all(r["rel_err"] <= REL_TOL and r["finite"] and r["shape"] == [r["m"], k]
+             and r["dtype"] == "torch.bfloat16" for r in runs)
+    return {"ok": bool(ok), "runs": runs, "seed": seed}
+
+
 def run_case(name: str) -> dict:
     import torch
 
+    if name in MOE_CASES:
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        return run_moe_case(torch, name, torch.Generator().manual_seed(seed), seed)
     fmt, n, k, form = CASES[name]
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     g = torch.Generator().manual_seed(seed)
@@ -164,9 +316,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    lib = vllm_c_marlin.MarlinLib(vllm_c_marlin.build(args.tree),
-                                  vllm_c_marlin.LIMITS[args.limits])
+    limits = vllm_c_marlin.LIMITS[args.limits]
+    lib = vllm_c_marlin.MarlinLib(vllm_c_marlin.build(args.tree), limits)
     vllm_c_marlin.register_vllm_ops(lib, args.tree)
+    moe = vllm_c_marlin.MarlinMoeLib(vllm_c_marlin.build(args.tree, family="moe"), limits)
+    vllm_c_marlin.register_vllm_ops(moe, args.tree)
+    # The two small compiled ops fused_marlin_moe also calls, as torch stand-ins (above).
+    vllm_c_marlin.define(args.tree, "_moe_C", "csrc/moe/torch_bindings.cpp",
+                         {"moe_align_block_size": moe_align_block_size_standin})
+    vllm_c_marlin.define(args.tree, "_C", "csrc/torch_bindings.cpp",
+                         {"silu_and_mul_with_clamp": silu_and_mul_with_clamp_standin})
     checks.boot(args.tree, args.overlay, args.capability, (), device=args.device)
     print("INFO " + repr({"limits": list(lib.limits), "device": torch.cuda.get_device_name(0)}))
     return checks.run_cases(args.case or list(CASES), run_case)

@@ -91,7 +91,10 @@ VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type
              "csrc/quantization/marlin/marlin.cuh", "csrc/quantization/marlin/marlin_dtypes.cuh",
              "csrc/quantization/marlin/marlin_template.h", "csrc/quantization/marlin/dequant.h",
              "csrc/quantization/marlin/marlin_mma.h", "csrc/core/scalar_type.hpp",
-             "csrc/torch_bindings.cpp")
+             "csrc/torch_bindings.cpp",
+             # vLLM's Marlin MoE GEMM (tests/vllm_c_marlin.py, family "moe")
+             "csrc/moe/marlin_moe_wna16/ops.cu", "csrc/moe/marlin_moe_wna16/kernel.h",
+             "csrc/moe/marlin_moe_wna16/marlin_template.h", "csrc/moe/torch_bindings.cpp")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",
