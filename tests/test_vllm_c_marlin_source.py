@@ -30,8 +30,10 @@ def generated(tree):
 
 def test_moe_family_generates_its_fp4_instantiations(tree, generated):
     units, selector = vllm_c_marlin.generate(tree, "moe")
-    assert len(units) == 30  # MXFP4 (e8m0, group 32) and NVFP4 (e4m3, group 16), 15 each
+    # e2m1: MXFP4 (e8m0, group 32) and NVFP4 (e4m3, group 16), 15 each; e4m3: 45 as dense
+    assert len(units) == 75
     assert "kFE2M1f" in selector and "s_type == vllm::kFE8M0fnu" in selector
+    assert "b_type == vllm::kFE4M3fn" in selector
     half = vllm_c_marlin.moe_half(tree)
     assert "void marlin_mm(" in half and "torch::stable::Tensor" not in half
 

@@ -79,8 +79,10 @@ FAMILIES = {
                                                     "marlin_mma.h")),
                     "marlin_harness.cu", "libmarlin_sm80.so"),
     # bf16 x e2m1 -> bf16 holds MXFP4's kernels (e8m0 groups of 32; NVFP4's too): the routed
-    # experts of V4-Flash, V4-Pro and V4.1-Flash.
-    "moe": Family(MOE, "ops.cu", MOE_CUT, False, (("kBFloat16", "kFE2M1f", "kBFloat16"),),
+    # experts of V4-Flash, V4-Pro and V4.1-Flash; bf16 x e4m3 -> bf16 the FP8 experts of
+    # V4-Flash-Base (group 128).
+    "moe": Family(MOE, "ops.cu", MOE_CUT, False, (("kBFloat16", "kFE2M1f", "kBFloat16"),
+                                                  ("kBFloat16", "kFE4M3fn", "kBFloat16")),
                   (f"{MOE}/kernel.h", f"{MOE}/marlin_template.h",
                    *(f"{MARLIN}/{n}" for n in ("marlin.cuh", "marlin_dtypes.cuh", "dequant.h",
                                                 "marlin_mma.h"))),

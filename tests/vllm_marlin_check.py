@@ -53,10 +53,13 @@ CASES = {
 #: name -> (experts, top-k, hidden K, intermediate N, form). V4-Flash routes each token to 6
 #: of 256 experts; fewer experts here keep every expert busy at small token counts.
 MOE_CASES = {
-    "mxfp4_moe_e16_top6_2048x1024": (16, 6, 2048, 1024, "ok"),
-    "mxfp4_moe_e8_top6_4096x512": (8, 6, 4096, 512, "ok"),
+    "mxfp4_moe_e16_top6_2048x1024": (16, 6, 2048, 1024, "mxfp4"),
+    "mxfp4_moe_e8_top6_4096x512": (8, 6, 4096, 512, "mxfp4"),
+    # V4-Flash-Base's FP8 experts (expert_dtype "fp8": 128 x 128 blocks, UE8M0 scales);
+    # N = 256 is a TP-8 shard of a 2048-wide expert.
+    "fp8_block_moe_e16_top6_2048x256": (16, 6, 2048, 256, "fp8-block"),
     # Control: the gate and up halves of w13 swapped at loading. Must be reported as failing.
-    "control_moe_gate_up_swapped": (8, 6, 2048, 512, "swapped"),
+    "control_moe_gate_up_swapped": (8, 6, 2048, 512, "mxfp4-swapped"),
 }
 CASES.update({n: ("moe", *MOE_CASES[n][:4]) for n in MOE_CASES})
 CONTROLS = tuple(n for n in CASES if n.startswith("control_"))
@@ -197,22 +200,15 @@ def moe_align_block_size_standin(topk_ids, num_experts, block_size, sorted_token
     num_tokens_post_pad.fill_(pos)
 
 
-def moe_case(torch, g, name):
-    """V4's MXFP4 routed experts: w13 [E, 2N, K/2] and w2 [E, K, N/2] e2m1 pairs, e8m0 scales
-    per 32 along K (w13: [E, 2N, K/32], w2: [E, K, N/32]); vLLM's
-    ``prepare_moe_mxfp4_layer_for_marlin`` and ``fused_marlin_moe`` with SiLU and the swiglu
-    clamp."""
-    from vllm.model_executor.layers.fused_moe.activation import (
-        ApplyMoEActivationConfig,
-        MoEActivation,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+def mxfp4_moe_weights(torch, g, e, k, n, form):
+    """V4's MXFP4 experts as loaded: w13 [E, 2N, K/2] / w2 [E, K, N/2] e2m1 pairs (low nibble
+    first), e8m0 scale bytes per 32 along K; vLLM's ``prepare_moe_mxfp4_layer_for_marlin``.
+    ``form`` "mxfp4-swapped" (a control) loads w13's gate and up halves swapped. Returns
+    (float64 weights as meant, prepared tensors)."""
     from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
         prepare_moe_mxfp4_layer_for_marlin,
     )
-    from vllm.scalar_type import scalar_types
 
-    e, top_k, k, n, form = MOE_CASES[name]
     w13 = torch.randint(0, 256, (e, 2 * n, k // 2), dtype=torch.uint8, generator=g)
     w2 = torch.randint(0, 256, (e, k, n // 2), dtype=torch.uint8, generator=g)
     # Scales that keep the intermediate values around the clamp (|x| ~ 1-30 at K 4096).
@@ -221,18 +217,66 @@ def moe_case(torch, g, name):
     w13_64 = e2m1_to_float(w13, k) * torch.pow(2.0, s13.double() - 127).repeat_interleave(32, -1)
     w2_64 = e2m1_to_float(w2, n) * torch.pow(2.0, s2.double() - 127).repeat_interleave(32, -1)
     l13, ls13 = w13, s13
-    if form == "swapped":
+    if form.endswith("swapped"):
         l13 = torch.cat([w13[:, n:], w13[:, :n]], 1)
         ls13 = torch.cat([s13[:, n:], s13[:, :n]], 1)
     layer = torch.nn.Module()
     layer.params_dtype = torch.bfloat16
     q13, q2, q13s, q2s, _, _ = prepare_moe_mxfp4_layer_for_marlin(
         layer, l13.to(DEVICE), w2.to(DEVICE), ls13.to(DEVICE), s2.to(DEVICE), None, None)
+    return w13_64, w2_64, (q13, q2, q13s, q2s)
+
+
+def fp8_moe_weights(torch, g, e, k, n):
+    """V4-Flash-Base's FP8 experts as loaded: w13 [E, 2N, K] / w2 [E, K, N] e4m3 codes, UE8M0
+    scales per 128 x 128 block ([E, ceil(2N/128), K/128], [E, ceil(K/128), N/128]), vLLM's
+    ``prepare_fp8_moe_layer_for_marlin``. Returns (float64 weights, prepared tensors)."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp8 import (
+        prepare_fp8_moe_layer_for_marlin,
+    )
+
+    def one(rows, cols):
+        codes = random_codes(g, e * rows, cols).view(e, rows, cols)
+        exps = torch.randint(116, 120, (e, -(-rows // 128), cols // 128), dtype=torch.uint8,
+                             generator=g)
+        s64 = torch.pow(2.0, exps.double() - 127).repeat_interleave(128, 1)[:, :rows]
+        return codes, exps, e4m3_to_float(codes) * s64.repeat_interleave(128, 2)
+
+    c13, x13, w13_64 = one(2 * n, k)
+    c2, x2, w2_64 = one(k, n)
+    layer = torch.nn.Module()
+    layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, k, n
+    layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
+    prepared = prepare_fp8_moe_layer_for_marlin(
+        layer, c13.view(torch.float8_e4m3fn).to(DEVICE), c2.view(torch.float8_e4m3fn).to(DEVICE),
+        x13.view(torch.float8_e8m0fnu).to(DEVICE), x2.view(torch.float8_e8m0fnu).to(DEVICE))
+    return w13_64, w2_64, prepared
+
+
+def moe_case(torch, g, name):
+    """V4's MXFP4 routed experts: w13 [E, 2N, K/2] and w2 [E, K, N/2] e2m1 pairs, e8m0 scales
+    per 32 along K (w13: [E, 2N, K/32], w2: [E, K, N/32]); vLLM's
+    ``prepare_moe_mxfp4_layer_for_marlin`` and ``fused_marlin_moe`` with SiLU and the swiglu
+    clamp. Or V4-Flash-Base's FP8 experts (``fp8_moe_weights``)."""
+    from vllm.model_executor.layers.fused_moe.activation import (
+        ApplyMoEActivationConfig,
+        MoEActivation,
+    )
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+    from vllm.scalar_type import scalar_types
+
+    e, top_k, k, n, form = MOE_CASES[name]
     config = ApplyMoEActivationConfig(clamp_limit=SWIGLU_LIMIT)
+    if form == "fp8-block":
+        w13_64, w2_64, (q13, q2, q13s, q2s) = fp8_moe_weights(torch, g, e, k, n)
+        quant_type = scalar_types.float8_e4m3fn
+    else:
+        w13_64, w2_64, (q13, q2, q13s, q2s) = mxfp4_moe_weights(torch, g, e, k, n, form)
+        quant_type = scalar_types.float4_e2m1f
 
     def apply(x, topk_w, topk_ids):
         return fused_marlin_moe(x, q13, q2, None, None, q13s, q2s, topk_w, topk_ids,
-                                quant_type_id=scalar_types.float4_e2m1f.id,
+                                quant_type_id=quant_type.id,
                                 activation=MoEActivation.SILU, activation_config=config)
 
     def reference(x64, topk_w, topk_ids):
