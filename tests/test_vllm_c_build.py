@@ -47,6 +47,12 @@ def test_bundle_carries_what_the_harnesses_compile():
     assert set(bundle.VLLM_CSRC) == want | set(vllm_c_marlin.FILES)
 
 
+#: Sources cut early in a long file: the kernels the harness launches must be in the half.
+KEEPS = {"silu_clamp": ("act_and_mul_kernel", "silu_kernel", "packed_silu_kernel"),
+         "moe_align": ("moe_align_block_size_kernel", "count_and_sort_expert_tokens_kernel",
+                       "moe_align_block_size_small_batch_expert_kernel")}
+
+
 @pytest.mark.parametrize("source", sorted(vllm_c_ops.SOURCES))
 def test_kernel_half_is_cut_before_the_wrappers(source):
     text, src = _text(source), _src(source)
@@ -56,6 +62,9 @@ def test_kernel_half_is_cut_before_the_wrappers(source):
     if src.extract:  # one kernel: its signature to its last brace
         assert half.startswith("template") and half.rstrip().endswith("}")
         assert half.count("{") == half.count("}") and "__global__" in half
+    elif source in KEEPS:  # a file with many ops, cut after the kernels the harness uses
+        for name in KEEPS[source]:
+            assert name in half, name
     else:
         assert len(half) > len(text) // 2
     if src.cut is None:  # a header without wrappers, and the units that instantiate it
@@ -126,3 +135,52 @@ def test_sm80_build_without_spills(source, tmp_path):
     assert any("for 'sm_86'" in ln for ln in entries), report[:5]
     spills = [ln for ln in report if re.search(r"[1-9]\d* bytes spill", ln)]
     assert not spills, spills[:5]
+
+
+def test_silu_clamp_glue_matches_upstream_wrapper():
+    """activation_harness.cu restates LAUNCH_ACTIVATION_GATE_KERNEL for silu_and_mul_clamp:
+    the vector width rule, the block sizes and the template arguments (ACT_FIRST, HAS_CLAMP)."""
+    text = _text("silu_clamp").replace("\\\n", " ")
+    flat = re.sub(r"\s+", " ", text)
+    macro = flat[flat.index("#define LAUNCH_ACTIVATION_GATE_KERNEL("):]
+    for said in ("(CUDA_VERSION >= 12090 && cc_major >= 10 && num_tokens > 128) ? "
+                 "vllm::VecTraits<true>::ARCH_MAX_VEC_SIZE : "
+                 "vllm::VecTraits<false>::ARCH_MAX_VEC_SIZE;",
+                 "int vec_size = support_vec / input.element_size();",
+                 "const bool use_vec = (d % vec_size == 0);",
+                 "dim3 block(std::min(d / vec_size, 1024));", "dim3 block(std::min(d, 1024));",
+                 "ACT_FIRST, true, HAS_CLAMP, true><<<grid, block, 0, stream>>>(",
+                 "ACT_FIRST, true, HAS_CLAMP, false><<<grid, block, 0, stream>>>(",
+                 "ACT_FIRST, false, HAS_CLAMP><<<grid, block, 0, stream>>>(",
+                 "d, LIMIT, ALPHA, BETA);"):
+        assert said in macro, said
+    body = flat[flat.index("void silu_and_mul_clamp("):]
+    assert ("LAUNCH_ACTIVATION_GATE_KERNEL(vllm::silu_kernel, vllm::packed_silu_kernel, true, "
+            "true, (float)limit, (float)alpha, (float)beta);") in body
+
+
+def test_moe_align_glue_matches_upstream_wrapper():
+    """moe_align_harness.cu restates moe_align_block_size's launch without an expert map."""
+    flat = re.sub(r"\s+", " ", _text("moe_align"))
+    body = flat[flat.index("void moe_align_block_size(torch::stable::Tensor topk_ids"):]
+    body = body[:body.index("void batched_moe_align_block_size(")]
+    for said in ("bool small_batch_expert_mode = (topk_ids.numel() < 1024) && (num_experts <= "
+                 "64);",
+                 "const int32_t threads = max((int32_t)num_experts, WARP_SIZE);",
+                 "((threads + 1) * num_experts + (num_experts + 1)) * sizeof(int32_t);",
+                 "constexpr int32_t fill_threads = 256;",
+                 "small_batch_expert_kernel<<<1, fill_threads + threads, shared_mem_size, "
+                 "stream>>>(",
+                 "num_experts, block_size, topk_ids.numel(), sorted_token_ids.size(0), "
+                 "topk_ids.size(1), has_expert_map, scatter_ptr);",
+                 "size_t shared_mem_size = num_warps * experts_per_warp * sizeof(int32_t);",
+                 "align_kernel<<<2, threads, shared_mem_size, stream>>>(",
+                 "num_experts, padded_num_experts, experts_per_warp, block_size, "
+                 "topk_ids.numel(), reinterpret_cast<int32_t*>(cumsum_buffer.mutable_data_ptr()),"
+                 " sorted_token_ids.size(0), topk_ids.size(1), has_expert_map);",
+                 "const int block_threads = std::min(256, (int)threads);",
+                 "const int max_blocks = 65535;", "dim3 gridDims(1, actual_blocks);",
+                 "sort_kernel<<<gridDims, block_threads, 0, stream>>>(",
+                 "topk_ids.numel(), num_experts, sorted_token_ids.size(0), topk_ids.size(1), "
+                 "has_expert_map, scatter_ptr);"):
+        assert said in body, said

@@ -83,6 +83,21 @@ SOURCES = {
         re.compile(r"^template <int BLOCK_Y_SIZE>\s*\n__global__ void "
                    r"cp_gather_indexer_k_quant_cache_kernel\(", re.M),
         "indexer_k_gather_harness.cu", "libindexer_k_gather.so", extract=True),
+    # The two small ops vLLM's fused_marlin_moe calls between the Marlin GEMMs of the routed
+    # experts (tests/vllm_marlin_check.py): the SiLU with V4's swiglu clamp, and the grouping
+    # of the routed rows by expert.
+    "silu_clamp": UpstreamSource(
+        "csrc/activation_kernels.cu",
+        ("csrc/core/cuda_compat.h", "csrc/async_util.cuh", "csrc/cuda_vec_utils.cuh",
+         "csrc/dispatch_utils.h"),
+        re.compile(r"^#define LAUNCH_ACTIVATION_GATE_KERNEL\(", re.M),
+        "activation_harness.cu", "libsilu_clamp.so"),
+    "moe_align": UpstreamSource(
+        "csrc/moe/moe_align_sum_kernels.cu",
+        ("csrc/core/cuda_compat.h", "csrc/core/utils.hpp", "csrc/dispatch_utils.h",
+         "csrc/quantization/vectorization.cuh"),
+        re.compile(r"^void moe_align_block_size\(", re.M),
+        "moe_align_harness.cu", "libmoe_align.so"),
 }
 # Later upstream layouts of a source, newest first; the layout used is the first whose file
 # the tree has (layout()), else SOURCES'. vLLM 0.34.0 split the MoE router file into a
@@ -482,8 +497,71 @@ class IndexerKGatherLib(_CLib):
         self._check(rc, err, "cp_gather_indexer_k_quant_cache")
 
 
+class SiluClampLib(_CLib):
+    """``silu_and_mul_with_clamp(result, input, limit, alpha, beta)``: silu(min(gate, limit))
+    * (clamp(up, +-limit) + beta) with the sigmoid's argument scaled by alpha, for 16-bit
+    inputs [..., 2d] -> [..., d]."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        f = self._lib.silu_and_mul_with_clamp
+        f.argtypes = [_P, _P, _I, ctypes.c_int64, _I, _F, _F, _F, _P, ctypes.c_char_p, _I]
+        f.restype = _I
+
+    def silu_and_mul_with_clamp(self, result, input, limit: float, alpha: float = 1.0,
+                                beta: float = 0.0) -> None:
+        import torch
+
+        d = input.size(-1) // 2
+        ok = (input.is_cuda and input.dtype in (torch.float16, torch.bfloat16)
+              and result.dtype == input.dtype and input.is_contiguous()
+              and result.is_contiguous() and input.size(-1) == 2 * d
+              and tuple(result.shape) == (*input.shape[:-1], d))
+        if not ok:
+            raise ValueError("silu_and_mul_with_clamp: arguments outside what this harness "
+                             "restates (contiguous 16-bit [..., 2d] -> [..., d])")
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.silu_and_mul_with_clamp(
+            result.data_ptr(), input.data_ptr(), int(input.dtype == torch.bfloat16),
+            input.numel() // input.size(-1), d, float(limit), float(alpha), float(beta),
+            self._stream(), err, len(err))
+        self._check(rc, err, "silu_and_mul_with_clamp")
+
+
+class MoeAlignLib(_CLib):
+    """``moe_align_block_size`` without an expert map, for int32 top-k ids."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        f = self._lib.moe_align_block_size_i32
+        f.argtypes = [_P, ctypes.c_int64, _I, _I, _I, _P, ctypes.c_int64, _P, _P, _P, _P,
+                      ctypes.c_char_p, _I]
+        f.restype = _I
+
+    def moe_align_block_size(self, topk_ids, num_experts: int, block_size: int,
+                             sorted_token_ids, experts_ids, num_tokens_post_pad,
+                             maybe_expert_map=None, scatter_idx=None) -> None:
+        import torch
+
+        ok = (topk_ids.is_cuda and topk_ids.dtype == torch.int32 and topk_ids.dim() == 2
+              and topk_ids.is_contiguous() and maybe_expert_map is None and scatter_idx is None
+              and sorted_token_ids.dtype == experts_ids.dtype == torch.int32
+              and num_tokens_post_pad.dtype == torch.int32 and num_tokens_post_pad.numel() >= 1)
+        if not ok:
+            raise ValueError("moe_align_block_size: arguments outside what this harness "
+                             "restates (int32 top-k ids, no expert map, no scatter index)")
+        cumsum = torch.empty(num_experts + 1, dtype=torch.int32, device=topk_ids.device)
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.moe_align_block_size_i32(
+            topk_ids.data_ptr(), topk_ids.numel(), topk_ids.size(1), num_experts, block_size,
+            sorted_token_ids.data_ptr(), sorted_token_ids.size(0), experts_ids.data_ptr(),
+            num_tokens_post_pad.data_ptr(), cumsum.data_ptr(), self._stream(), err, len(err))
+        self._check(rc, err, "moe_align_block_size")
+
+
 _LIB_CLASS = {"dsv4_insert": InsertLib, "dsv4_hash_topk": HashTopkLib,
-              "indexer_k_gather": IndexerKGatherLib}
+              "indexer_k_gather": IndexerKGatherLib, "silu_clamp": SiluClampLib,
+              "moe_align": MoeAlignLib}
 
 
 def load(variant: str, source: str = "dsv4_insert"):

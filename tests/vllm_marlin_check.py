@@ -13,9 +13,9 @@ wrong scale layout and must fail.
 
 The MoE cases run V4's MXFP4 routed experts through vLLM's ``prepare_moe_mxfp4_layer_for_marlin``
 and ``fused_marlin_moe`` (SiLU with the swiglu clamp) over vLLM's Marlin MoE kernels built the
-same way; the two small compiled ops that path also calls (``moe_align_block_size``,
-``silu_and_mul_with_clamp``) are torch stand-ins written from their contracts, so those cases
-check the MoE GEMMs, vLLM's weight preparation and its orchestration, not those two kernels.
+same way, and the two small compiled ops that path also calls (``moe_align_block_size``,
+``silu_and_mul_with_clamp``) built from the tree by tests/vllm_c_ops.py; the ``op_`` cases
+check those two by themselves against their documented contracts.
 
 Prints one line ``RESULT {case: {"ok", "runs": [{"m", "rel_err", "max_abs_err"}], ...}}``."""
 from __future__ import annotations
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vllm_builder_check as checks  # noqa: E402
 import vllm_c_marlin  # noqa: E402
+import vllm_c_ops  # noqa: E402
 
 #: bf16 output of fp32 sums: a few units of bf16's 2^-9 relative rounding; 1e-2 is the
 #: project's bf16-level bound.
@@ -62,6 +63,9 @@ MOE_CASES = {
     "control_moe_gate_up_swapped": (8, 6, 2048, 512, "mxfp4-swapped"),
 }
 CASES.update({n: ("moe", *MOE_CASES[n][:4]) for n in MOE_CASES})
+#: The two small ops of the MoE path by themselves (``run_op_case``).
+OP_CASES = ("op_silu_and_mul_with_clamp", "op_moe_align_block_size")
+CASES.update({n: ("op", 0, 0, "") for n in OP_CASES})
 CONTROLS = tuple(n for n in CASES if n.startswith("control_"))
 #: V4's swiglu_limit: silu(min(gate, 10)) * clamp(up, -10, 10)
 SWIGLU_LIMIT = 10.0
@@ -161,43 +165,79 @@ def e2m1_to_float(packed, k):
     return torch.stack([lut[p & 0xF], lut[p >> 4]], -1).reshape(*packed.shape[:-1], k)
 
 
-def silu_and_mul_with_clamp_standin(result, input, limit, alpha=1.0, beta=0.0):
-    """Test stand-in for vLLM's compiled ``_C::silu_and_mul_with_clamp``, written from the
-    contract its Python caller states (``fused_moe/activation.py``: the XPU branch and the
-    comment "silu(clamp(gate)) * clamp(up)"), in float32."""
+def silu_clamp_reference(input, limit):
+    """silu(min(gate, limit)) * clamp(up, +-limit) in float32 (vLLM's stated contract:
+    ``fused_moe/activation.py``, its XPU branch and the op's comment), rounded to the input's
+    dtype."""
     import torch
 
     d = input.shape[-1] // 2
     gate = input[..., :d].float().clamp(max=limit)
     up = input[..., d:].float().clamp(min=-limit, max=limit)
-    result.copy_((gate * torch.sigmoid(alpha * gate) * (up + beta)).to(result.dtype))
+    return (gate * torch.sigmoid(gate) * up).to(input.dtype)
 
 
-def moe_align_block_size_standin(topk_ids, num_experts, block_size, sorted_token_ids,
-                                 experts_ids, num_tokens_post_pad, maybe_expert_map,
-                                 scatter_idx=None):
-    """Test stand-in for vLLM's compiled ``_moe_C::moe_align_block_size`` (no expert map),
-    written from its documented contract (``moe_align_block_size.py``): the routed rows
-    grouped by expert, each expert's group padded to a multiple of ``block_size`` with the
-    value ``topk_ids.numel()``, one expert id per block, the padded total; blocks past it
-    inactive (-1)."""
+def check_moe_alignment(topk_ids, num_experts, block_size, sorted_ids, expert_ids, total):
+    """moe_align_block_size's documented contract (``moe_align_block_size.py``): the routed
+    rows grouped by expert, each group padded to a multiple of ``block_size`` with the value
+    ``topk_ids.numel()``, one expert id per block, the padded total. The order inside a
+    group is free. Returns the list of violations."""
     import torch
 
-    if maybe_expert_map is not None or scatter_idx is not None:
-        raise NotImplementedError("the stand-in covers the no-expert-map call only")
-    flat = topk_ids.flatten().long()
-    sorted_token_ids.fill_(flat.numel())
-    experts_ids.fill_(-1)
-    pos = 0
+    flat = topk_ids.flatten().long().cpu()
+    sorted_ids, expert_ids = sorted_ids.cpu().long(), expert_ids.cpu().long()
+    total = int(total.cpu()[0])
+    bad, pos = [], 0
     for e in range(num_experts):
-        rows = torch.nonzero(flat == e).flatten().to(torch.int32)
+        rows = torch.nonzero(flat == e).flatten()
         if rows.numel() == 0:
             continue
         padded = -(-rows.numel() // block_size) * block_size
-        sorted_token_ids[pos:pos + rows.numel()] = rows
-        experts_ids[pos // block_size:(pos + padded) // block_size] = e
+        got = sorted_ids[pos:pos + padded]
+        if sorted(got[:rows.numel()].tolist()) != rows.tolist():
+            bad.append(f"expert {e}: rows {sorted(got[:rows.numel()].tolist())[:8]}...")
+        if (got[rows.numel():] != flat.numel()).any():
+            bad.append(f"expert {e}: padding is not {flat.numel()}")
+        if (expert_ids[pos // block_size:(pos + padded) // block_size] != e).any():
+            bad.append(f"expert {e}: block expert ids")
         pos += padded
-    num_tokens_post_pad.fill_(pos)
+    if total != pos:
+        bad.append(f"num_tokens_post_pad {total} != {pos}")
+    return bad
+
+
+def run_op_case(torch, name: str, g, seed: int) -> dict:
+    """The two small compiled ops by themselves, on fresh inputs."""
+    if name == "op_silu_and_mul_with_clamp":
+        runs = []
+        for rows, d in ((1, 1024), (300, 1024), (7, 256), (5, 100)):  # 100: the scalar path
+            x = (torch.randn((rows, 2 * d), generator=g) * 8).to(torch.bfloat16)
+            out = torch.full((rows, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+            torch.ops._C.silu_and_mul_with_clamp(out, x.to(DEVICE), SWIGLU_LIMIT, 1.0, 0.0)
+            ref = silu_clamp_reference(x, SWIGLU_LIMIT).float()
+            got = out.float().cpu()
+            ulp = (ref.abs().clamp(min=2.0 ** -126) * 2.0 ** -7)  # one bf16 ulp, bounding
+            runs.append({"shape": [rows, d], "max_abs_err": float((got - ref).abs().max()),
+                         "within_one_ulp": bool(((got - ref).abs() <= ulp).all()),
+                         "finite": bool(torch.isfinite(got).all())})
+        return {"ok": all(r["within_one_ulp"] and r["finite"] for r in runs), "runs": runs,
+                "seed": seed}
+    if name == "op_moe_align_block_size":
+        from vllm.model_executor.layers.fused_moe.moe_align_block_size import (
+            moe_align_block_size,
+        )
+
+        runs = []
+        for m, e, top_k, bs in ((1, 16, 6, 8), (300, 16, 6, 16), (2000, 256, 6, 64),
+                                (3, 8, 6, 16)):
+            ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
+            sid, eid, tot = moe_align_block_size(ids.to(torch.int32).to(DEVICE), bs, e,
+                                                 ignore_invalid_experts=True)
+            torch.cuda.synchronize()
+            bad = check_moe_alignment(ids, e, bs, sid, eid, tot)
+            runs.append({"m": m, "experts": e, "block": bs, "violations": bad[:5]})
+        return {"ok": all(not r["violations"] for r in runs), "runs": runs, "seed": seed}
+    raise KeyError(name)
 
 
 def mxfp4_moe_weights(torch, g, e, k, n, form):
@@ -324,9 +364,10 @@ def run_moe_case(torch, name: str, g, seed: int) -> dict:
 def run_case(name: str) -> dict:
     import torch
 
-    if name in MOE_CASES:
+    if name in MOE_CASES or name in OP_CASES:
         seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        return run_moe_case(torch, name, torch.Generator().manual_seed(seed), seed)
+        run = run_moe_case if name in MOE_CASES else run_op_case
+        return run(torch, name, torch.Generator().manual_seed(seed), seed)
     fmt, n, k, form = CASES[name]
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     g = torch.Generator().manual_seed(seed)
@@ -365,11 +406,13 @@ def main(argv=None) -> int:
     vllm_c_marlin.register_vllm_ops(lib, args.tree)
     moe = vllm_c_marlin.MarlinMoeLib(vllm_c_marlin.build(args.tree, family="moe"), limits)
     vllm_c_marlin.register_vllm_ops(moe, args.tree)
-    # The two small compiled ops fused_marlin_moe also calls, as torch stand-ins (above).
-    vllm_c_marlin.define(args.tree, "_moe_C", "csrc/moe/torch_bindings.cpp",
-                         {"moe_align_block_size": moe_align_block_size_standin})
-    vllm_c_marlin.define(args.tree, "_C", "csrc/torch_bindings.cpp",
-                         {"silu_and_mul_with_clamp": silu_and_mul_with_clamp_standin})
+    # The two small compiled ops fused_marlin_moe also calls, built from the tree the same
+    # way (tests/vllm_c_ops.py, sources "moe_align" and "silu_clamp").
+    vllm_c_marlin.define(args.tree, "_moe_C", "csrc/moe/torch_bindings.cpp", {
+        "moe_align_block_size": vllm_c_ops.load("sm80", "moe_align").moe_align_block_size})
+    vllm_c_marlin.define(args.tree, "_C", "csrc/torch_bindings.cpp", {
+        "silu_and_mul_with_clamp":
+            vllm_c_ops.load("sm80", "silu_clamp").silu_and_mul_with_clamp})
     checks.boot(args.tree, args.overlay, args.capability, (), device=args.device)
     print("INFO " + repr({"limits": list(lib.limits), "device": torch.cuda.get_device_name(0)}))
     return checks.run_cases(args.case or list(CASES), run_case)

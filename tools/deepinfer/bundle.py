@@ -94,7 +94,10 @@ VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type
              "csrc/torch_bindings.cpp",
              # vLLM's Marlin MoE GEMM (tests/vllm_c_marlin.py, family "moe")
              "csrc/moe/marlin_moe_wna16/ops.cu", "csrc/moe/marlin_moe_wna16/kernel.h",
-             "csrc/moe/marlin_moe_wna16/marlin_template.h", "csrc/moe/torch_bindings.cpp")
+             "csrc/moe/marlin_moe_wna16/marlin_template.h", "csrc/moe/torch_bindings.cpp",
+             # the activation and the expert grouping between the experts' GEMMs
+             "csrc/activation_kernels.cu", "csrc/async_util.cuh", "csrc/cuda_vec_utils.cuh",
+             "csrc/moe/moe_align_sum_kernels.cu", "csrc/quantization/vectorization.cuh")
 
 # Project paths copied into the bundle (relative to the repo root), and what to skip.
 PROJECT_PATHS = ["Makefile", "mk", "pyproject.toml", "tools/deepinfer", "csrc",
