@@ -74,7 +74,10 @@ def test_schemas_are_the_trees(tree):
     schemas = vllm_c_marlin.op_schemas(tree)
     assert schemas["marlin_gemm"].startswith("marlin_gemm(Tensor a, Tensor? c_or_none,")
     assert schemas["marlin_gemm"].endswith("-> Tensor")
-    assert "int num_bits, bool is_a_8bit" in schemas["gptq_marlin_repack"]
+    a8 = "-DDEEPINFER_MARLIN_REPACK_A8=1" in vllm_c_marlin.layout_defines(tree)
+    assert ("int num_bits, bool is_a_8bit" in schemas["gptq_marlin_repack"]) == a8
+    assert ("Tensor? a_scales" in schemas["marlin_gemm"]) == (
+        "-DDEEPINFER_MARLIN_A_SCALES=1" in vllm_c_marlin.layout_defines(tree))
 
 
 def test_restated_glue_matches_the_upstream_wrappers(tree):
@@ -97,10 +100,12 @@ def test_restated_glue_matches_the_upstream_wrappers(tree):
         assert said in wrapper, said
     repack = (tree / vllm_c_marlin.MARLIN / "gptq_marlin_repack.cu").read_text()
     repack = re.sub(r"\s+", " ", repack.replace("\\\n", " "))  # macro line breaks too
+    a8 = "-DDEEPINFER_MARLIN_REPACK_A8=1" in vllm_c_marlin.layout_defines(tree)
     for said in ("<<<blocks, marlin::repack_threads, max_shared_mem, stream>>>( "
                  "b_q_weight_ptr, out_ptr, size_k, size_n);",
                  "{size_k / marlin::tile_size, size_n * marlin::tile_size / pack_factor}",
-                 "CALL_IF(4, false) CALL_IF(8, false) CALL_IF(4, true) CALL_IF(8, true)"):
+                 "CALL_IF(4, false) CALL_IF(8, false) CALL_IF(4, true) CALL_IF(8, true)" if a8
+                 else "CALL_IF(4) CALL_IF(8) else {"):
         assert said in repack, said
 
 

@@ -111,6 +111,19 @@ _INSTANTIATION = re.compile(
     r"^template __global__ void (Marlin<[^>]*>)\( MARLIN_KERNEL_PARAMS \);$", re.M)
 
 
+def layout_defines(tree: Path, family: str = "dense") -> list[str]:
+    """What the harnesses need to know of the tree's Marlin layout, as -D flags. vLLM 0.33.0
+    has 8-bit activations in Marlin (``marlin_mm``'s ``a_s`` argument, the ops' ``a_scales``,
+    the repack's ``is_a_8bit``); vLLM 0.34.0 removed them."""
+    fam = FAMILIES[family]
+    main = (tree / fam.dir / fam.main).read_text()
+    a_scales = re.search(r"void\* a_s,", main) is not None
+    repack = (tree / MARLIN / "gptq_marlin_repack.cu").read_text()
+    a8 = re.search(r"int const num_bits,\s*bool is_a_8bit>", repack) is not None
+    return [f"-DDEEPINFER_MARLIN_A_SCALES={int(a_scales)}",
+            f"-DDEEPINFER_MARLIN_REPACK_A8={int(a8)}"]
+
+
 def find_tree() -> Path | None:
     """A vLLM tree with the Marlin sources ($DEEPINFER_VLLM_TREE, build/vllm-<version>, the
     GPU bundle's vllm-tree/)."""
@@ -243,7 +256,7 @@ def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | No
     fam = FAMILIES[family]
     files = sources(tree, family)
     ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
-    flags = [*_FLAGS, *_GENCODE]
+    flags = [*_FLAGS, *layout_defines(tree, family), *_GENCODE]
     key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
                                     ver]).encode()).hexdigest()[:12]
     root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR",
@@ -304,7 +317,8 @@ def compile_check(tree: Path, out_dir: Path, units: int = 1,
              *sorted(n for n in files if "/sm80_kernel_" in n)[:units]]
     lines = []
     for name in names:
-        cmd = [nvcc, *_FLAGS, *gencode, "-Xptxas", "-v", "-c", "-I", str(out_dir / "src"), "-I",
+        cmd = [nvcc, *_FLAGS, *layout_defines(tree, family), *gencode, "-Xptxas", "-v", "-c",
+               "-I", str(out_dir / "src"), "-I",
                str(inc), str(out_dir / "src" / name), "-o", str(out_dir / (Path(name).stem + ".o"))]
         proc = subprocess.run(cmd, text=True, capture_output=True)
         if proc.returncode != 0:
@@ -581,11 +595,29 @@ def register_vllm_ops(lib: MarlinLib, tree: Path) -> None:
     implementation: ``_C::marlin_gemm`` and ``_C::gptq_marlin_repack`` for the dense library,
     ``_moe_C::moe_wna16_marlin_gemm`` for the MoE one."""
     if isinstance(lib, MarlinMoeLib):
-        define(tree, "_moe_C", "csrc/moe/torch_bindings.cpp",
-               {"moe_wna16_marlin_gemm": lib.moe_wna16_marlin_gemm})
+        schema = op_schemas(tree, ("moe_wna16_marlin_gemm",), "csrc/moe/torch_bindings.cpp")
+
+        def moe_gemm_without_a_scales(a, c, b, bias, scales, *rest):  # vLLM 0.34.0 on
+            return lib.moe_wna16_marlin_gemm(a, c, b, bias, scales, None, *rest)
+
+        define(tree, "_moe_C", "csrc/moe/torch_bindings.cpp", {"moe_wna16_marlin_gemm": (
+            lib.moe_wna16_marlin_gemm if "a_scales" in schema["moe_wna16_marlin_gemm"]
+            else moe_gemm_without_a_scales)})
     else:
-        define(tree, "_C", "csrc/torch_bindings.cpp",
-               {"marlin_gemm": lib.marlin_gemm, "gptq_marlin_repack": lib.gptq_marlin_repack})
+        schemas = op_schemas(tree)
+
+        def gemm_without_a_scales(a, c, b, bias, scales, *rest):  # vLLM 0.34.0 on
+            return lib.marlin_gemm(a, c, b, bias, scales, None, *rest)
+
+        def repack_16bit(b_q_weight, size_k, size_n, num_bits):  # vLLM 0.34.0 on
+            return lib.gptq_marlin_repack(b_q_weight, size_k, size_n, num_bits, False)
+
+        define(tree, "_C", "csrc/torch_bindings.cpp", {
+            "marlin_gemm": (lib.marlin_gemm if "a_scales" in schemas["marlin_gemm"]
+                            else gemm_without_a_scales),
+            "gptq_marlin_repack": (lib.gptq_marlin_repack
+                                   if "is_a_8bit" in schemas["gptq_marlin_repack"]
+                                   else repack_16bit)})
 
 
 def define(tree: Path, namespace: str, bindings: str, impls: dict) -> None:

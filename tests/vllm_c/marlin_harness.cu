@@ -13,7 +13,9 @@
 // built with -DDEEPINFER_REPORTED_CC=80 the capability is 8.0 (so `stages` and the FP8
 // activation checks take the SM80 branch), and `deepinfer_marlin_set_limits` caps the SM
 // count and the opt-in shared memory per block (A100: 108 SMs, 163 KB), from which
-// upstream's `determine_exec_config` picks the tile configuration.
+// upstream's `determine_exec_config` picks the tile configuration. -DDEEPINFER_MARLIN_A_SCALES
+// and -DDEEPINFER_MARLIN_REPACK_A8 (tests/vllm_c_marlin.py reads them off the tree) say whether
+// the tree still has 8-bit activations (vLLM 0.33.0) or not (0.34.0).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -82,7 +84,11 @@ extern "C" int deepinfer_marlin_mm(
     int has_zp, int num_groups, int group_size, int dev, void* stream, int sms,
     int use_atomic_add, int use_fp32_reduce, int is_zp_float, char* err, int err_len) {
   try {
-    marlin::marlin_mm(a, b, c, c_tmp, b_bias, a_s, b_s, g_s, zp, prob_m, prob_n, prob_k, lda,
+    marlin::marlin_mm(a, b, c, c_tmp, b_bias,
+#if DEEPINFER_MARLIN_A_SCALES
+                      a_s,
+#endif
+                      b_s, g_s, zp, prob_m, prob_n, prob_k, lda,
                       workspace, vllm::ScalarType::from_id(a_type_id),
                       vllm::ScalarType::from_id(b_type_id),
                       vllm::ScalarType::from_id(c_type_id),
@@ -106,17 +112,28 @@ extern "C" int deepinfer_gptq_marlin_repack(const void* in, void* out, int size_
   auto const* src = static_cast<uint32_t const*>(in);
   auto* dst = static_cast<uint32_t*>(out);
   auto s = static_cast<cudaStream_t>(stream);
-#define DEEPINFER_REPACK(BITS, A8)                                                           \
-  if (num_bits == BITS && (is_a_8bit != 0) == A8) {                                         \
-    auto k = marlin::gptq_marlin_repack_kernel<marlin::repack_threads, BITS, A8>;           \
+#define DEEPINFER_REPACK_LAUNCH(KERNEL)                                                      \
+  {                                                                                         \
+    auto k = KERNEL;                                                                        \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_mem);   \
     k<<<blocks, marlin::repack_threads, max_shared_mem, s>>>(src, dst, size_k, size_n);     \
     return launched(err, err_len);                                                          \
   }
-  DEEPINFER_REPACK(4, false)
-  DEEPINFER_REPACK(8, false)
-  DEEPINFER_REPACK(4, true)
-  DEEPINFER_REPACK(8, true)
-#undef DEEPINFER_REPACK
+#if DEEPINFER_MARLIN_REPACK_A8  // vLLM 0.33.0: the kernel also takes is_a_8bit
+  if (num_bits == 4 && !is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 4, false>))
+  if (num_bits == 8 && !is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 8, false>))
+  if (num_bits == 4 && is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 4, true>))
+  if (num_bits == 8 && is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 8, true>))
+#else  // vLLM 0.34.0 on: 16-bit activations only
+  if (num_bits == 4 && !is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 4>))
+  if (num_bits == 8 && !is_a_8bit)
+    DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 8>))
+#endif
+#undef DEEPINFER_REPACK_LAUNCH
   return fail(err, err_len, "unsupported repack config");
 }

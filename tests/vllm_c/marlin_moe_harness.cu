@@ -62,7 +62,11 @@ extern "C" int deepinfer_moe_marlin_mm(
     int use_fp32_reduce, int is_zp_float, char* err, int err_len) {
   try {
     MARLIN_NAMESPACE_NAME::marlin_mm(
-        a, b, c, c_tmp, b_bias, a_s, b_s, g_s, zp, sorted_token_ids, expert_ids,
+        a, b, c, c_tmp, b_bias,
+#if DEEPINFER_MARLIN_A_SCALES
+        a_s,
+#endif
+        b_s, g_s, zp, sorted_token_ids, expert_ids,
         num_tokens_past_padded, topk_weights, moe_block_size, num_experts, top_k,
         mul_topk_weights != 0, prob_m, prob_n, prob_k, workspace,
         vllm::ScalarType::from_id(a_type_id), vllm::ScalarType::from_id(b_type_id),
