@@ -1,31 +1,34 @@
-"""vLLM's Marlin GEMM (``torch.ops._C.marlin_gemm``) and weight repack
-(``torch.ops._C.gptq_marlin_repack``), built from the applied tree as SM80 code and called
-through ctypes, so that the GPU tests can run the FP8 linears of DeepSeek-V4 and V4.1 the way
-vLLM runs them on an A100.
+"""vLLM's Marlin kernels, built from the applied tree as SM80 code and called through
+ctypes, so that the GPU tests can run the quantised GEMMs of DeepSeek-V4 and V4.1 the way vLLM
+runs them on an A100.
 
 On capability 8.x vLLM's own selectors (no patch of ours) send V4's FP8-block linears to
-``MarlinFP8ScaledMMLinearKernel`` and V4.1's MXFP8 linears to ``MarlinMxfp8LinearKernel``
-(``docs/ampere-backend.md``, "Quantised GEMMs"). Both are weight-only: bf16 activations, the
-e4m3 weights widened inside the kernel, scales as bf16 groups of 128 (block FP8) or e8m0
-groups of 32 (MXFP8).
+``MarlinFP8ScaledMMLinearKernel``, V4.1's MXFP8 linears to ``MarlinMxfp8LinearKernel`` and the
+routed experts (MXFP4; FP8 for V4-Flash-Base) to ``MarlinExperts`` (``docs/ampere-backend.md``,
+"Quantised GEMMs"). All are weight-only: bf16 activations, the weights widened inside the
+kernel.
 
-What is built (``build``):
+Two libraries (``FAMILIES``), each built by ``build(family=...)``:
 
-- the kernel instantiations vLLM generates for bf16 activations and FP8 weights
-  (``KERNEL_TYPES``): the tree's own ``generate_kernels.py``, run for arch 8.0, one
-  compilation unit per instantiation (compiled in parallel), its ``kernel_selector.h``
-  reduced to those instantiations (every other weight type then gets upstream's
-  "Unsupported shapes" error instead of a missing symbol);
-- ``marlin.cu`` cut before its torch-op wrapper (``marlin_mm`` and the tile-config choice are
-  upstream's) and ``gptq_marlin_repack.cu``'s kernel half, behind ``tests/vllm_c/
-  marlin_harness.cu``, which answers the host code's device queries as an A100 would
-  (capability 8.0, ``limits``: SM count and opt-in shared memory).
+- "dense": ``torch.ops._C.marlin_gemm`` and ``gptq_marlin_repack``. ``marlin.cu`` cut before
+  its torch-op wrapper (``marlin_mm`` and the tile-config choice are upstream's) and
+  ``gptq_marlin_repack.cu``'s kernel half, behind ``tests/vllm_c/marlin_harness.cu``;
+- "moe": ``torch.ops._moe_C.moe_wna16_marlin_gemm``. ``marlin_moe_wna16/ops.cu`` cut before its
+  wrapper, behind ``tests/vllm_c/marlin_moe_harness.cu``.
+
+For each, the tree's own ``generate_kernels.py`` is run for arch 8.0 and the family's
+instantiations are kept (``Family.kernel_types``), one compilation unit each, compiled in
+parallel; ``kernel_selector.h`` is reduced to them (every other weight type then gets
+upstream's "Unsupported shapes" error instead of a missing symbol). The harnesses answer the
+host code's device queries as an A100 or A6000 would (capability 8.0, ``LIMITS``: SM count and
+opt-in shared memory). ``layout_defines`` reads off the tree whether it still has Marlin's
+8-bit activations (vLLM 0.33.0) or not (0.34.0).
 
 Code: compute_80, as SASS for sm_90 (the H200 the tests run on) plus the compute_80 PTX.
-``MarlinLib`` restates the wrappers' host glue (type ids, output and reduction buffers,
-checks) for 16-bit activations; ``register_vllm_ops`` defines the two ops under ``_C`` with
-the schemas of the tree's ``csrc/torch_bindings.cpp``, so vLLM's Python
-(``vllm._custom_ops``, ``marlin_utils_fp8``) calls them unchanged.
+``MarlinLib`` / ``MarlinMoeLib`` restate the wrappers' host glue (type ids, output and
+reduction buffers, checks) for 16-bit activations; ``register_vllm_ops`` defines the ops with
+the schemas of the tree's binding files, so vLLM's Python (``vllm._custom_ops``,
+``marlin_utils_fp8``, ``fused_marlin_moe``) calls them unchanged.
 
 Needs nvcc, torch's header-only headers and jinja2 (the generator); no libtorch link. Builds
 are cached under ``$DEEPINFER_VLLM_C_DIR`` (default ``build/vllm-c``), keyed by the sources,
