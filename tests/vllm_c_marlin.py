@@ -97,8 +97,6 @@ FILES = tuple(dict.fromkeys([
     *(h for f in FAMILIES.values() for h in f.headers),
     f"{MARLIN}/gptq_marlin_repack.cu", f"{MARLIN}/generate_kernels.py",
     "csrc/core/scalar_type.hpp", "csrc/torch_bindings.cpp", "csrc/moe/torch_bindings.cpp"]))
-#: kept for callers of the dense family
-KERNEL_TYPES = FAMILIES["dense"].kernel_types
 
 #: What the host code is told: SM count and opt-in shared memory per block (A100: 108 SMs,
 #: 163 KB; RTX A6000: 84 SMs, 99 KB).
