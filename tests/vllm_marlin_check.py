@@ -1,4 +1,4 @@
-"""vLLM's weight-only FP8 linears on SM80, as vLLM runs them: its own Python
+"""vLLM's quantised GEMMs on SM80 (Marlin), as vLLM runs them. Linears: its own Python
 (``MarlinFP8ScaledMMLinearKernel`` for V4's FP8-block linears, ``MarlinMxfp8LinearKernel`` for
 V4.1's MXFP8 linears: weight repack, scale permutation, padding, ``torch.ops.vllm.marlin_gemm``)
 over vLLM's Marlin kernels built from the tree as SM80 code (``tests/vllm_c_marlin.py``), with
@@ -11,8 +11,9 @@ scales: fp32 or UE8M0 128 x 128 blocks, or e8m0 bytes per 32 along K), runs the 
 with a float64 oracle written from the format (code x scale, then x @ W^T). Controls feed a
 wrong scale layout and must fail.
 
-The MoE cases run V4's MXFP4 routed experts through vLLM's ``prepare_moe_mxfp4_layer_for_marlin``
-and ``fused_marlin_moe`` (SiLU with the swiglu clamp) over vLLM's Marlin MoE kernels built the
+The MoE cases run V4's MXFP4 routed experts (``prepare_moe_mxfp4_layer_for_marlin``) and
+V4-Flash-Base's FP8 experts (``prepare_fp8_moe_layer_for_marlin``) through vLLM's
+``fused_marlin_moe`` (SiLU with the swiglu clamp) over vLLM's Marlin MoE kernels built the
 same way, and the two small compiled ops that path also calls (``moe_align_block_size``,
 ``silu_and_mul_with_clamp``) built from the tree by tests/vllm_c_ops.py; the ``op_`` cases
 check those two by themselves against their documented contracts.
@@ -50,7 +51,7 @@ CASES = {
     "control_block_scales_transposed": ("block", 1024, 1024, "fp32-transposed"),
     "control_mx_scales_shuffled": ("mx", 1024, 1024, "e8m0-shuffled"),
 }
-#: MXFP4 routed experts through ``fused_marlin_moe`` (V4's SiLU with the swiglu clamp):
+#: Routed experts through ``fused_marlin_moe`` (V4's SiLU with the swiglu clamp):
 #: name -> (experts, top-k, hidden K, intermediate N, form). V4-Flash routes each token to 6
 #: of 256 experts; fewer experts here keep every expert busy at small token counts.
 MOE_CASES = {
