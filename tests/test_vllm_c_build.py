@@ -1,5 +1,6 @@
 """CPU side of tests/gpu/test_vllm_c_*_sm80.py: the vLLM sources that those tests run as SM80
-code (the SWA writer, the hash-layer MoE router, the indexer K gather) build as this project's test
+code (the SWA writer, the hash-layer MoE router, the indexer K gather, the MoE path's SwiGLU
+with clamp and expert grouping) build as this project's test
 libraries (``tests/vllm_c_ops.py``) for sm_80/86 without spills, and the harnesses' restated
 host glue still matches the upstream wrappers they stand in for. Skips without nvcc or an
 applied tree."""

@@ -14,6 +14,10 @@ their SM90 builds:
   (``LATER_LAYOUTS``); the layout the tree has is used.
 - ``indexer_k_gather``: ``cp_gather_indexer_k_quant_cache_kernel`` of ``csrc/cache_kernels.cu``,
   which the SM80 indexer's prefill (V4 and V4.1) calls to gather K rows and scales.
+- ``silu_clamp`` and ``moe_align``: ``silu_and_mul_with_clamp`` (``csrc/activation_kernels.cu``)
+  and ``moe_align_block_size`` (``csrc/moe/moe_align_sum_kernels.cu``), which vLLM's
+  ``fused_marlin_moe`` calls between the routed experts' Marlin GEMMs (the Marlin kernels
+  themselves: ``tests/vllm_c_marlin.py``).
 
 vLLM builds them for every CUDA architecture; nothing else here runs them as SM80 code.
 
