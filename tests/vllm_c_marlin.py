@@ -25,10 +25,10 @@ opt-in shared memory). ``layout_defines`` reads off the tree whether it still ha
 8-bit activations (vLLM 0.33.0) or not (0.34.0).
 
 Code: compute_80, as SASS for sm_90 (the H200 the tests run on) plus the compute_80 PTX.
-``MarlinLib`` / ``MarlinMoeLib`` restate the wrappers' host glue (type ids, output and
-reduction buffers, checks) for 16-bit activations; ``register_vllm_ops`` defines the ops with
-the schemas of the tree's binding files, so vLLM's Python (``vllm._custom_ops``,
-``marlin_utils_fp8``, ``fused_marlin_moe``) calls them unchanged.
+``MarlinLib`` / ``MarlinMoeLib`` (over ``_MarlinBase``) restate the wrappers' host glue (type
+ids, output and reduction buffers, checks) for 16-bit activations; ``register_vllm_ops``
+defines the ops with the schemas of the tree's binding files, so vLLM's Python
+(``vllm._custom_ops``, ``marlin_utils_fp8``, ``fused_marlin_moe``) calls them unchanged.
 
 Needs nvcc, torch's header-only headers and jinja2 (the generator); no libtorch link. Builds
 are cached under ``$DEEPINFER_VLLM_C_DIR`` (default ``build/vllm-c``), keyed by the sources,
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -169,7 +170,15 @@ def repack_half(tree: Path) -> str:
 def generate(tree: Path, family: str = "dense") -> tuple[dict[str, str], str]:
     """Run the tree's generator for arch 8.0 (as vLLM's CMake does for each family's
     directory); returns ({unit name: source}, selector) for the family's kernel types: one
-    unit per instantiation, and kernel_selector.h keeping exactly the instantiations built."""
+    unit per instantiation, and kernel_selector.h keeping exactly the instantiations built.
+    One run per tree, generator text and family in a process."""
+    script = (Path(tree) / MARLIN / "generate_kernels.py").read_text()
+    units, selector = _generate(Path(tree).resolve(), family, script)
+    return dict(units), selector
+
+
+@functools.lru_cache(maxsize=None)
+def _generate(tree: Path, family: str, script: str) -> tuple[tuple[tuple[str, str], ...], str]:
     fam = FAMILIES[family]
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(tree / MARLIN / "generate_kernels.py", tmp)
@@ -202,7 +211,7 @@ def generate(tree: Path, family: str = "dense") -> tuple[dict[str, str], str]:
     if built != selected:
         raise VllmCError("kernel_selector.h and the generated instantiations disagree "
                          f"({len(selected)} selected, {len(built)} built)")
-    return units, selector
+    return tuple(units.items()), selector
 
 
 def _reduce_selector(text: str, kernel_types) -> str:
@@ -240,7 +249,8 @@ def sources(tree: Path, family: str = "dense") -> dict[str, str]:
         files[f"{here}/marlin_repack.inc"] = repack_half(tree)
     else:
         files[f"{here}/marlin_moe.inc"] = moe_half(tree)
-    files[f"{here}/{fam.harness}"] = (vllm_c_ops._HERE / fam.harness).read_text()
+    for own in (fam.harness, "marlin_ampere_limits.h"):
+        files[f"{here}/{own}"] = (vllm_c_ops._HERE / own).read_text()
     for name, text in units.items():
         files[f"{here}/{name}"] = text
     return files
@@ -339,11 +349,11 @@ def ptxas_report(lib: Path) -> list[str]:
 _P, _I, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 
-class MarlinLib:
-    """The built library with the wrappers' host glue of ``marlin_gemm`` and
-    ``gptq_marlin_repack`` restated (16-bit activations only: SM8x has no FP8 MMA, and vLLM
-    refuses Marlin W8A8 there). ``limits``: (SM count, opt-in shared memory bytes) that the
-    host code sees; the A100's by default."""
+class _MarlinBase:
+    """What both libraries share (tests/vllm_c/marlin_ampere_limits.h): the limits the host
+    code is told, the C++ ScalarType ids, the wrappers' type decisions. ``limits``: (SM count,
+    opt-in shared memory bytes); the A100's by default. Subclasses declare their entry points
+    in ``_declare``."""
 
     TILE, MIN_THREAD_N, MAX_THREAD_N = 16, 64, 256
 
@@ -352,18 +362,15 @@ class MarlinLib:
         self._lib = ctypes.CDLL(str(path))
         self._lib.deepinfer_marlin_set_limits.argtypes = [_I, _I]
         self._lib.deepinfer_marlin_type_ids.argtypes = [_P]
-        mm = self._lib.deepinfer_marlin_mm
-        mm.argtypes = [_P] * 9 + [_I, _I, _I, _I, _P, _I64, _I64, _I64, _I64, _I, _I, _I, _I,
-                                  _I, _P, _I, _I, _I, _I, ctypes.c_char_p, _I]
-        mm.restype = _I
-        rp = self._lib.deepinfer_gptq_marlin_repack
-        rp.argtypes = [_P, _P, _I, _I, _I, _I, _I, _P, ctypes.c_char_p, _I]
-        rp.restype = _I
+        self._declare()
         ids = (ctypes.c_int64 * 6)()
         self._lib.deepinfer_marlin_type_ids(ids)
         self.ids = dict(zip(("f16", "bf16", "fe4m3fn", "fe8m0fnu", "fe2m1f", "s8"), ids))
         self.limits = limits
         self._lib.deepinfer_marlin_set_limits(*limits)
+
+    def _declare(self) -> None:
+        raise NotImplementedError
 
     def _sms(self, device) -> int:
         import torch
@@ -399,6 +406,21 @@ class MarlinLib:
     def _check(rc: int, err, what: str) -> None:
         if rc != 0:
             raise RuntimeError(f"{what}: {err.value.decode(errors='replace')}")
+
+
+class MarlinLib(_MarlinBase):
+    """The dense library with the wrappers' host glue of ``marlin_gemm`` and
+    ``gptq_marlin_repack`` restated (16-bit activations only: SM8x has no FP8 MMA, and vLLM
+    refuses Marlin W8A8 there)."""
+
+    def _declare(self) -> None:
+        mm = self._lib.deepinfer_marlin_mm
+        mm.argtypes = [_P] * 9 + [_I, _I, _I, _I, _P, _I64, _I64, _I64, _I64, _I, _I, _I, _I,
+                                  _I, _P, _I, _I, _I, _I, ctypes.c_char_p, _I]
+        mm.restype = _I
+        rp = self._lib.deepinfer_gptq_marlin_repack
+        rp.argtypes = [_P, _P, _I, _I, _I, _I, _I, _P, ctypes.c_char_p, _I]
+        rp.restype = _I
 
     def gptq_marlin_repack(self, b_q_weight, size_k: int, size_n: int, num_bits: int,
                            is_a_8bit: bool = False):
@@ -479,25 +501,16 @@ class MarlinLib:
         return c
 
 
-class MarlinMoeLib(MarlinLib):
+class MarlinMoeLib(_MarlinBase):
     """The MoE library with ``moe_wna16_marlin_gemm``'s host glue restated (16-bit
     activations)."""
 
-    def __init__(self, path: Path, limits: tuple[int, int] = A100_LIMITS):
-        self.path = Path(path)
-        self._lib = ctypes.CDLL(str(path))
-        self._lib.deepinfer_marlin_set_limits.argtypes = [_I, _I]
-        self._lib.deepinfer_marlin_type_ids.argtypes = [_P]
+    def _declare(self) -> None:
         mm = self._lib.deepinfer_moe_marlin_mm
         mm.argtypes = ([_P] * 13 + [_I, _I, _I, _I, _I, _I, _I, _P, _I64, _I64, _I64, _I64, _I,
                                     _I, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I,
                                     ctypes.c_char_p, _I])
         mm.restype = _I
-        ids = (ctypes.c_int64 * 6)()
-        self._lib.deepinfer_marlin_type_ids(ids)
-        self.ids = dict(zip(("f16", "bf16", "fe4m3fn", "fe8m0fnu", "fe2m1f", "s8"), ids))
-        self.limits = limits
-        self._lib.deepinfer_marlin_set_limits(*limits)
 
     def moe_wna16_marlin_gemm(self, a, c_or_none, b_q_weight, b_bias_or_none, b_scales,
                               a_scales_or_none, global_scale_or_none, b_zeros_or_none,

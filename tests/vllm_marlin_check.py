@@ -336,62 +336,64 @@ def moe_case(torch, g, name):
     return apply, reference
 
 
-def run_moe_case(torch, name: str, g, seed: int) -> dict:
-    e, top_k, k, n, _ = MOE_CASES[name]
+def _prepared(torch, build):
+    """``build()`` with bf16 as the default dtype, as vLLM's loader runs
+    process_weights_after_loading."""
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        apply, reference = moe_case(torch, g, name)
+        return build()
     finally:
         torch.set_default_dtype(prev)
+
+
+def _measure(torch, m: int, y, ref) -> dict:
+    """One token count's output against its float64 reference."""
+    torch.cuda.synchronize()
+    out = y.double().cpu()
+    return {"m": m, "shape": list(y.shape), "dtype": str(y.dtype),
+            "rel_err": float((out - ref).norm() / ref.norm()),
+            "max_abs_err": float((out - ref).abs().max()),
+            "finite": bool(torch.isfinite(out).all())}
+
+
+def _verdict(runs: list, width: int, seed: int) -> dict:
+    ok = all(r["rel_err"] <= REL_TOL and r["finite"] and r["shape"] == [r["m"], width]
+             and r["dtype"] == "torch.bfloat16" for r in runs)
+    return {"ok": bool(ok), "runs": runs, "seed": seed}
+
+
+def run_moe_case(torch, name: str, g, seed: int) -> dict:
+    e, top_k, k, _, _ = MOE_CASES[name]
+    apply, reference = _prepared(torch, lambda: moe_case(torch, g, name))
     runs = []
     for m in TOKENS:
         x = (torch.randn((m, k), generator=g, dtype=torch.float64) * 0.5).to(torch.bfloat16)
         topk_ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)])
         topk_w = torch.softmax(torch.randn((m, top_k), generator=g), -1).float()
         y = apply(x.to(DEVICE), topk_w.to(DEVICE), topk_ids.to(torch.int32).to(DEVICE))
-        torch.cuda.synchronize()
-        ref = reference(x.double(), topk_w, topk_ids)
-        out = y.double().cpu()
-        rel = float((out - ref).norm() / ref.norm())
-        runs.append({"m": m, "shape": list(y.shape), "dtype": str(y.dtype), "rel_err": rel,
-                     "max_abs_err": float((out - ref).abs().max()),
-                     "finite": bool(torch.isfinite(out).all())})
-    ok = all(r["rel_err"] <= REL_TOL and r["finite"] and r["shape"] == [r["m"], k]
-             and r["dtype"] == "torch.bfloat16" for r in runs)
-    return {"ok": bool(ok), "runs": runs, "seed": seed}
+        runs.append(_measure(torch, m, y, reference(x.double(), topk_w, topk_ids)))
+    return _verdict(runs, k, seed)
+
+
+def run_linear_case(torch, name: str, g, seed: int) -> dict:
+    fmt, n, k, form = CASES[name]
+    w64, apply = _prepared(
+        torch, lambda: (block_case if fmt == "block" else mx_case)(torch, g, n, k, form))
+    runs = []
+    for m in TOKENS:
+        x = torch.randn((m, k), generator=g, dtype=torch.float64).to(torch.bfloat16)
+        runs.append(_measure(torch, m, apply(x.to(DEVICE)), x.double() @ w64.T))
+    return _verdict(runs, n, seed)
 
 
 def run_case(name: str) -> dict:
     import torch
 
-    if name in MOE_CASES or name in OP_CASES:
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        run = run_moe_case if name in MOE_CASES else run_op_case
-        return run(torch, name, torch.Generator().manual_seed(seed), seed)
-    fmt, n, k, form = CASES[name]
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    g = torch.Generator().manual_seed(seed)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # as vLLM's loader runs process_weights_after_loading
-    try:
-        w64, apply = (block_case if fmt == "block" else mx_case)(torch, g, n, k, form)
-    finally:
-        torch.set_default_dtype(prev)
-    runs = []
-    for m in TOKENS:
-        x = torch.randn((m, k), generator=g, dtype=torch.float64).to(torch.bfloat16)
-        y = apply(x.to(DEVICE))
-        torch.cuda.synchronize()
-        ref = x.double() @ w64.T
-        out = y.double().cpu()
-        rel = float((out - ref).norm() / ref.norm())
-        runs.append({"m": m, "shape": list(y.shape), "dtype": str(y.dtype),
-                     "rel_err": rel, "max_abs_err": float((out - ref).abs().max()),
-                     "finite": bool(torch.isfinite(out).all())})
-    ok = all(r["rel_err"] <= REL_TOL and r["finite"] and r["shape"] == [r["m"], n]
-             and r["dtype"] == "torch.bfloat16" for r in runs)
-    return {"ok": bool(ok), "runs": runs, "seed": seed}
+    run = (run_moe_case if name in MOE_CASES else run_op_case if name in OP_CASES
+           else run_linear_case)
+    return run(torch, name, torch.Generator().manual_seed(seed), seed)
 
 
 def main(argv=None) -> int:

@@ -9,73 +9,18 @@
 // `marlin_repack.inc` is gptq_marlin_repack.cu's kernel half. The wrappers' host glue
 // (type ids, buffers, checks) is restated by the Python caller, the repack launch below.
 //
-// What the host code reads of the device is answered as an Ampere card would answer it:
-// built with -DDEEPINFER_REPORTED_CC=80 the capability is 8.0 (so `stages` and the FP8
-// activation checks take the SM80 branch), and `deepinfer_marlin_set_limits` caps the SM
-// count and the opt-in shared memory per block (A100: 108 SMs, 163 KB), from which
-// upstream's `determine_exec_config` picks the tile configuration. -DDEEPINFER_MARLIN_A_SCALES
+// What the host code reads of the device is answered as an Ampere card would answer it
+// (marlin_ampere_limits.h). -DDEEPINFER_MARLIN_A_SCALES
 // and -DDEEPINFER_MARLIN_REPACK_A8 (tests/vllm_c_marlin.py reads them off the tree) say whether
 // the tree still has 8-bit activations (vLLM 0.33.0) or not (0.34.0).
-#include <cuda_runtime.h>
-
-#include <cstdint>
-#include <cstdio>
 #include <exception>
 
-namespace {
-int g_sms_cap = 0;   // 0: the device's own
-int g_smem_cap = 0;  // bytes; 0: the device's own
-}  // namespace
-
-static cudaError_t deepinfer_device_attribute(int* value, cudaDeviceAttr attr, int device) {
-  cudaError_t err = ::cudaDeviceGetAttribute(value, attr, device);
-  if (err != cudaSuccess) return err;
-#ifdef DEEPINFER_REPORTED_CC
-  if (attr == cudaDevAttrComputeCapabilityMajor) *value = DEEPINFER_REPORTED_CC / 10;
-  if (attr == cudaDevAttrComputeCapabilityMinor) *value = DEEPINFER_REPORTED_CC % 10;
-#endif
-  if (attr == cudaDevAttrMultiProcessorCount && g_sms_cap > 0 && *value > g_sms_cap)
-    *value = g_sms_cap;
-  if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin && g_smem_cap > 0 && *value > g_smem_cap)
-    *value = g_smem_cap;
-  return err;
-}
+#include "marlin_ampere_limits.h"
 
 #define cudaDeviceGetAttribute deepinfer_device_attribute
 #include "marlin_gemm.inc"  // ends with the #endif of upstream's `#if __CUDA_ARCH__ < 750`
 #include "marlin_repack.inc"
 #undef cudaDeviceGetAttribute
-
-namespace {
-
-int fail(char* err, int err_len, const char* what) {
-  if (err && err_len > 0) std::snprintf(err, err_len, "%s", what);
-  return 1;
-}
-
-int launched(char* err, int err_len) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fail(err, err_len, cudaGetErrorString(e));
-  return 0;
-}
-
-}  // namespace
-
-extern "C" void deepinfer_marlin_set_limits(int sms, int smem_optin) {
-  g_sms_cap = sms;
-  g_smem_cap = smem_optin;
-}
-
-// The ScalarType ids of the C++ side, for the Python caller's type decisions:
-// [kFloat16, kBFloat16, kFE4M3fn, kFE8M0fnu, kFE2M1f, kS8].
-extern "C" void deepinfer_marlin_type_ids(int64_t* out) {
-  out[0] = vllm::kFloat16.id();
-  out[1] = vllm::kBFloat16.id();
-  out[2] = vllm::kFE4M3fn.id();
-  out[3] = vllm::kFE8M0fnu.id();
-  out[4] = vllm::kFE2M1f.id();
-  out[5] = vllm::kS8.id();
-}
 
 extern "C" int deepinfer_marlin_mm(
     const void* a, const void* b, void* c, void* c_tmp, void* b_bias, void* a_s, void* b_s,
@@ -96,9 +41,9 @@ extern "C" int deepinfer_marlin_mm(
                       num_groups, group_size, dev, static_cast<cudaStream_t>(stream), -1, -1,
                       sms, use_atomic_add != 0, use_fp32_reduce != 0, is_zp_float != 0);
   } catch (const std::exception& e) {
-    return fail(err, err_len, e.what());
+    return deepinfer_fail(err, err_len, e.what());
   }
-  return launched(err, err_len);
+  return deepinfer_launched(err, err_len);
 }
 
 // gptq_marlin_repack's launch (its CALL_IF chain), restated; argument checks in the caller.
@@ -108,7 +53,7 @@ extern "C" int deepinfer_gptq_marlin_repack(const void* in, void* out, int size_
   int blocks = 0, max_shared_mem = 0;
   deepinfer_device_attribute(&blocks, cudaDevAttrMultiProcessorCount, dev);
   deepinfer_device_attribute(&max_shared_mem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (blocks <= 0 || max_shared_mem <= 0) return fail(err, err_len, "device attributes");
+  if (blocks <= 0 || max_shared_mem <= 0) return deepinfer_fail(err, err_len, "device attributes");
   auto const* src = static_cast<uint32_t const*>(in);
   auto* dst = static_cast<uint32_t*>(out);
   auto s = static_cast<cudaStream_t>(stream);
@@ -117,7 +62,7 @@ extern "C" int deepinfer_gptq_marlin_repack(const void* in, void* out, int size_
     auto k = KERNEL;                                                                        \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_mem);   \
     k<<<blocks, marlin::repack_threads, max_shared_mem, s>>>(src, dst, size_k, size_n);     \
-    return launched(err, err_len);                                                          \
+    return deepinfer_launched(err, err_len);                                                          \
   }
 #if DEEPINFER_MARLIN_REPACK_A8  // vLLM 0.33.0: the kernel also takes is_a_8bit
   if (num_bits == 4 && !is_a_8bit)
@@ -135,5 +80,5 @@ extern "C" int deepinfer_gptq_marlin_repack(const void* in, void* out, int size_
     DEEPINFER_REPACK_LAUNCH((marlin::gptq_marlin_repack_kernel<marlin::repack_threads, 8>))
 #endif
 #undef DEEPINFER_REPACK_LAUNCH
-  return fail(err, err_len, "unsupported repack config");
+  return deepinfer_fail(err, err_len, "unsupported repack config");
 }

@@ -5,52 +5,15 @@
 // backend selector picks Marlin (`MarlinExperts`).
 //
 // `marlin_moe.inc` is ops.cu cut before its torch-op wrapper; the wrapper's host glue (type
-// ids, buffers, checks) is restated by the Python caller. As in marlin_harness.cu, the host
-// code's device queries are answered as an Ampere card would answer them
-// (-DDEEPINFER_REPORTED_CC=80; `deepinfer_marlin_set_limits`: SM count, opt-in shared memory).
-#include <cuda_runtime.h>
-
-#include <cstdint>
-#include <cstdio>
+// ids, buffers, checks) is restated by the Python caller. The host code's device queries are
+// answered as an Ampere card would answer them (marlin_ampere_limits.h).
 #include <exception>
 
-namespace {
-int g_sms_cap = 0;   // 0: the device's own
-int g_smem_cap = 0;  // bytes; 0: the device's own
-}  // namespace
-
-static cudaError_t deepinfer_device_attribute(int* value, cudaDeviceAttr attr, int device) {
-  cudaError_t err = ::cudaDeviceGetAttribute(value, attr, device);
-  if (err != cudaSuccess) return err;
-#ifdef DEEPINFER_REPORTED_CC
-  if (attr == cudaDevAttrComputeCapabilityMajor) *value = DEEPINFER_REPORTED_CC / 10;
-  if (attr == cudaDevAttrComputeCapabilityMinor) *value = DEEPINFER_REPORTED_CC % 10;
-#endif
-  if (attr == cudaDevAttrMultiProcessorCount && g_sms_cap > 0 && *value > g_sms_cap)
-    *value = g_sms_cap;
-  if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin && g_smem_cap > 0 && *value > g_smem_cap)
-    *value = g_smem_cap;
-  return err;
-}
+#include "marlin_ampere_limits.h"
 
 #define cudaDeviceGetAttribute deepinfer_device_attribute
 #include "marlin_moe.inc"
 #undef cudaDeviceGetAttribute
-
-extern "C" void deepinfer_marlin_set_limits(int sms, int smem_optin) {
-  g_sms_cap = sms;
-  g_smem_cap = smem_optin;
-}
-
-// [kFloat16, kBFloat16, kFE4M3fn, kFE8M0fnu, kFE2M1f, kS8]
-extern "C" void deepinfer_marlin_type_ids(int64_t* out) {
-  out[0] = vllm::kFloat16.id();
-  out[1] = vllm::kBFloat16.id();
-  out[2] = vllm::kFE4M3fn.id();
-  out[3] = vllm::kFE8M0fnu.id();
-  out[4] = vllm::kFE2M1f.id();
-  out[5] = vllm::kS8.id();
-}
 
 extern "C" int deepinfer_moe_marlin_mm(
     const void* a, const void* b, void* c, void* c_tmp, void* b_bias, void* a_s, void* b_s,
@@ -75,13 +38,7 @@ extern "C" int deepinfer_moe_marlin_mm(
         thread_n, sms, blocks_per_sm, use_atomic_add != 0, use_fp32_reduce != 0,
         is_zp_float != 0);
   } catch (const std::exception& e) {
-    if (err && err_len > 0) std::snprintf(err, err_len, "%s", e.what());
-    return 1;
+    return deepinfer_fail(err, err_len, e.what());
   }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    if (err && err_len > 0) std::snprintf(err, err_len, "%s", cudaGetErrorString(e));
-    return 1;
-  }
-  return 0;
+  return deepinfer_launched(err, err_len);
 }
