@@ -366,8 +366,12 @@ class _MarlinBase:
         ids = (ctypes.c_int64 * 6)()
         self._lib.deepinfer_marlin_type_ids(ids)
         self.ids = dict(zip(("f16", "bf16", "fe4m3fn", "fe8m0fnu", "fe2m1f", "s8"), ids))
-        self.limits = limits
-        self._lib.deepinfer_marlin_set_limits(*limits)
+        self.set_limits(limits)
+
+    def set_limits(self, limits: tuple[int, int]) -> None:
+        """What the host code is told from now on: (SM count, opt-in shared memory bytes)."""
+        self.limits = tuple(limits)
+        self._lib.deepinfer_marlin_set_limits(*self.limits)
 
     def _declare(self) -> None:
         raise NotImplementedError

@@ -111,10 +111,6 @@ def _layer(torch, weight, scales, scale_name, n, k, block):
 def block_case(torch, g, n, k, form):
     """V4's FP8-block linear: [N, K] e4m3 weight, [ceil(N/128), K/128] scales (fp32
     ``weight_scale_inv``, or UE8M0 bytes as float8_e8m0fnu)."""
-    from vllm.model_executor.kernels.linear.scaled_mm.marlin import (
-        MarlinFP8ScaledMMLinearKernel,
-    )
-
     codes = random_codes(g, n, k)
     bn, bk = -(-n // 128), k // 128
     if form.startswith("ue8m0"):
@@ -126,32 +122,57 @@ def block_case(torch, g, n, k, form):
         scale64 = scales.double()
     w64 = e4m3_to_float(codes) * scale64.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
     loaded = scales.T.contiguous() if form.endswith("transposed") else scales  # control: bn == bk
-    layer = _layer(torch, codes.view(torch.float8_e4m3fn).to(DEVICE), loaded.to(DEVICE),
-                   "weight_scale_inv", n, k, [128, 128])
+    return w64, block_linear(torch, codes.to(DEVICE), loaded.to(DEVICE), n, k)
+
+
+def block_linear(torch, codes, scales, n, k):
+    """vLLM's Marlin FP8-block linear over [N, K] e4m3 codes (uint8) and their 128 x 128 block
+    scales, both on the GPU: ``process_weights_after_loading`` run; returns ``x -> y``."""
+    from vllm.model_executor.kernels.linear.scaled_mm.marlin import (
+        MarlinFP8ScaledMMLinearKernel,
+    )
+
+    layer = _layer(torch, codes.view(torch.float8_e4m3fn), scales, "weight_scale_inv", n, k,
+                   [128, 128])
     # The kernel object as vLLM's FP8 linear method holds it; __init__ is left out because
     # it also builds an activation quantizer (QuantFP8) that the weight-only Marlin path
     # never calls. The attributes are those its __init__ sets for a block-quantised layer.
     kernel = object.__new__(MarlinFP8ScaledMMLinearKernel)
     kernel.marlin_input_dtype, kernel.block_quant, kernel.size_k_first = None, True, False
     kernel.process_weights_after_loading(layer)
-    return w64, lambda x: kernel.apply_weights(layer, x)
+    return _applier(kernel, layer)
+
+
+def _applier(kernel, layer):
+    """``x -> kernel.apply_weights(layer, x)``, with the layer (its prepared tensors) kept as
+    ``.layer``."""
+    def apply(x):
+        return kernel.apply_weights(layer, x)
+
+    apply.layer = layer
+    return apply
 
 
 def mx_case(torch, g, n, k, form):
     """V4.1's MXFP8 linear: [N, K] e4m3 weight, [N, K/32] e8m0 scale bytes."""
-    from vllm.model_executor.kernels.linear.mxfp8.marlin import MarlinMxfp8LinearKernel
-
     codes = random_codes(g, n, k)
     exps = torch.randint(115, 124, (n, k // 32), dtype=torch.uint8, generator=g)
     w64 = e4m3_to_float(codes) * torch.pow(2.0, exps.double() - 127).repeat_interleave(32, 1)
     loaded = exps
     if form.endswith("shuffled"):
         loaded = exps[torch.randperm(n, generator=g)].contiguous()
-    layer = _layer(torch, codes.view(torch.float8_e4m3fn).to(DEVICE), loaded.to(DEVICE),
-                   "weight_scale", n, k, None)
+    return w64, mx_linear(torch, codes.to(DEVICE), loaded.to(DEVICE), n, k)
+
+
+def mx_linear(torch, codes, exps, n, k):
+    """vLLM's Marlin MXFP8 linear over [N, K] e4m3 codes (uint8) and [N, K/32] e8m0 bytes, both
+    on the GPU: ``process_weights_after_loading`` run; returns ``x -> y``."""
+    from vllm.model_executor.kernels.linear.mxfp8.marlin import MarlinMxfp8LinearKernel
+
+    layer = _layer(torch, codes.view(torch.float8_e4m3fn), exps, "weight_scale", n, k, None)
     kernel = object.__new__(MarlinMxfp8LinearKernel)  # its __init__ only stores the config
     kernel.process_weights_after_loading(layer)
-    return w64, lambda x: kernel.apply_weights(layer, x)
+    return _applier(kernel, layer)
 
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -161,7 +182,8 @@ def e2m1_to_float(packed, k):
     """[..., k / 2] bytes of e2m1 pairs (low nibble first) -> [..., k] float64."""
     import torch
 
-    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float64)
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float64,
+                       device=packed.device)
     p = packed.to(torch.int64)
     return torch.stack([lut[p & 0xF], lut[p >> 4]], -1).reshape(*packed.shape[:-1], k)
 
@@ -246,10 +268,6 @@ def mxfp4_moe_weights(torch, g, e, k, n, form):
     first), e8m0 scale bytes per 32 along K; vLLM's ``prepare_moe_mxfp4_layer_for_marlin``.
     ``form`` "mxfp4-swapped" (a control) loads w13's gate and up halves swapped. Returns
     (float64 weights as meant, prepared tensors)."""
-    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
-        prepare_moe_mxfp4_layer_for_marlin,
-    )
-
     w13 = torch.randint(0, 256, (e, 2 * n, k // 2), dtype=torch.uint8, generator=g)
     w2 = torch.randint(0, 256, (e, k, n // 2), dtype=torch.uint8, generator=g)
     # Scales that keep the intermediate values around the clamp (|x| ~ 1-30 at K 4096).
@@ -261,21 +279,29 @@ def mxfp4_moe_weights(torch, g, e, k, n, form):
     if form.endswith("swapped"):
         l13 = torch.cat([w13[:, n:], w13[:, :n]], 1)
         ls13 = torch.cat([s13[:, n:], s13[:, :n]], 1)
+    return w13_64, w2_64, prepare_mxfp4_experts(torch, l13.to(DEVICE), w2.to(DEVICE),
+                                                ls13.to(DEVICE), s2.to(DEVICE))
+
+
+def prepare_mxfp4_experts(torch, w13, w2, s13, s2):
+    """vLLM's ``prepare_moe_mxfp4_layer_for_marlin`` over loaded MXFP4 experts on the GPU
+    (w13 [E, 2N, K/2], w2 [E, K, N/2] e2m1 pairs, e8m0 bytes per 32 along K): (q13, q2, q13s,
+    q2s) as ``fused_marlin_moe`` takes them."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
+        prepare_moe_mxfp4_layer_for_marlin,
+    )
+
     layer = torch.nn.Module()
     layer.params_dtype = torch.bfloat16
-    q13, q2, q13s, q2s, _, _ = prepare_moe_mxfp4_layer_for_marlin(
-        layer, l13.to(DEVICE), w2.to(DEVICE), ls13.to(DEVICE), s2.to(DEVICE), None, None)
-    return w13_64, w2_64, (q13, q2, q13s, q2s)
+    q13, q2, q13s, q2s, _, _ = prepare_moe_mxfp4_layer_for_marlin(layer, w13, w2, s13, s2,
+                                                                  None, None)
+    return q13, q2, q13s, q2s
 
 
 def fp8_moe_weights(torch, g, e, k, n):
     """V4-Flash-Base's FP8 experts as loaded: w13 [E, 2N, K] / w2 [E, K, N] e4m3 codes, UE8M0
     scales per 128 x 128 block ([E, ceil(2N/128), K/128], [E, ceil(K/128), N/128]), vLLM's
     ``prepare_fp8_moe_layer_for_marlin``. Returns (float64 weights, prepared tensors)."""
-    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp8 import (
-        prepare_fp8_moe_layer_for_marlin,
-    )
-
     def one(rows, cols):
         codes = random_codes(g, e * rows, cols).view(e, rows, cols)
         exps = torch.randint(116, 120, (e, -(-rows // 128), cols // 128), dtype=torch.uint8,
@@ -285,13 +311,24 @@ def fp8_moe_weights(torch, g, e, k, n):
 
     c13, x13, w13_64 = one(2 * n, k)
     c2, x2, w2_64 = one(k, n)
+    return w13_64, w2_64, prepare_fp8_experts(torch, c13.to(DEVICE), c2.to(DEVICE),
+                                              x13.to(DEVICE), x2.to(DEVICE))
+
+
+def prepare_fp8_experts(torch, c13, c2, x13, x2):
+    """vLLM's ``prepare_fp8_moe_layer_for_marlin`` over loaded FP8 experts on the GPU (e4m3
+    codes w13 [E, 2N, K] / w2 [E, K, N] as uint8, UE8M0 exponent bytes per 128 x 128 block)."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp8 import (
+        prepare_fp8_moe_layer_for_marlin,
+    )
+
+    e, k, n = c13.shape[0], c13.shape[2], c2.shape[2]
     layer = torch.nn.Module()
     layer.num_experts, layer.hidden_size, layer.intermediate_size_per_partition = e, k, n
     layer.weight_block_size, layer.orig_dtype = [128, 128], torch.bfloat16
-    prepared = prepare_fp8_moe_layer_for_marlin(
-        layer, c13.view(torch.float8_e4m3fn).to(DEVICE), c2.view(torch.float8_e4m3fn).to(DEVICE),
-        x13.view(torch.float8_e8m0fnu).to(DEVICE), x2.view(torch.float8_e8m0fnu).to(DEVICE))
-    return w13_64, w2_64, prepared
+    return prepare_fp8_moe_layer_for_marlin(
+        layer, c13.view(torch.float8_e4m3fn), c2.view(torch.float8_e4m3fn),
+        x13.view(torch.float8_e8m0fnu), x2.view(torch.float8_e8m0fnu))
 
 
 def moe_case(torch, g, name):
@@ -299,26 +336,12 @@ def moe_case(torch, g, name):
     per 32 along K (w13: [E, 2N, K/32], w2: [E, K, N/32]); vLLM's
     ``prepare_moe_mxfp4_layer_for_marlin`` and ``fused_marlin_moe`` with SiLU and the swiglu
     clamp. Or V4-Flash-Base's FP8 experts (``fp8_moe_weights``)."""
-    from vllm.model_executor.layers.fused_moe.activation import (
-        ApplyMoEActivationConfig,
-        MoEActivation,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
-    from vllm.scalar_type import scalar_types
-
     e, top_k, k, n, form = MOE_CASES[name]
-    config = ApplyMoEActivationConfig(clamp_limit=SWIGLU_LIMIT)
     if form == "fp8-block":
-        w13_64, w2_64, (q13, q2, q13s, q2s) = fp8_moe_weights(torch, g, e, k, n)
-        quant_type = scalar_types.float8_e4m3fn
+        w13_64, w2_64, prepared = fp8_moe_weights(torch, g, e, k, n)
     else:
-        w13_64, w2_64, (q13, q2, q13s, q2s) = mxfp4_moe_weights(torch, g, e, k, n, form)
-        quant_type = scalar_types.float4_e2m1f
-
-    def apply(x, topk_w, topk_ids):
-        return fused_marlin_moe(x, q13, q2, None, None, q13s, q2s, topk_w, topk_ids,
-                                quant_type_id=quant_type.id,
-                                activation=MoEActivation.SILU, activation_config=config)
+        w13_64, w2_64, prepared = mxfp4_moe_weights(torch, g, e, k, n, form)
+    apply = marlin_experts(prepared, "fp8" if form == "fp8-block" else "mxfp4")
 
     def reference(x64, topk_w, topk_ids):
         out = torch.zeros(x64.shape[0], k, dtype=torch.float64)
@@ -334,6 +357,28 @@ def moe_case(torch, g, name):
         return out
 
     return apply, reference
+
+
+def marlin_experts(prepared, weights: str):
+    """``(x, topk_w, topk_ids) -> y``: vLLM's ``fused_marlin_moe`` over prepared experts
+    (``prepare_*_experts``; ``weights`` "mxfp4" or "fp8") with SiLU and V4's swiglu clamp."""
+    from vllm.model_executor.layers.fused_moe.activation import (
+        ApplyMoEActivationConfig,
+        MoEActivation,
+    )
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+    from vllm.scalar_type import scalar_types
+
+    q13, q2, q13s, q2s = prepared
+    quant_type = {"fp8": scalar_types.float8_e4m3fn, "mxfp4": scalar_types.float4_e2m1f}[weights]
+    config = ApplyMoEActivationConfig(clamp_limit=SWIGLU_LIMIT)
+
+    def apply(x, topk_w, topk_ids):
+        return fused_marlin_moe(x, q13, q2, None, None, q13s, q2s, topk_w, topk_ids,
+                                quant_type_id=quant_type.id,
+                                activation=MoEActivation.SILU, activation_config=config)
+
+    return apply
 
 
 def _prepared(torch, build):
@@ -404,21 +449,29 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    limits = vllm_c_marlin.LIMITS[args.limits]
-    lib = vllm_c_marlin.MarlinLib(vllm_c_marlin.build(args.tree), limits)
-    vllm_c_marlin.register_vllm_ops(lib, args.tree)
-    moe = vllm_c_marlin.MarlinMoeLib(vllm_c_marlin.build(args.tree, family="moe"), limits)
-    vllm_c_marlin.register_vllm_ops(moe, args.tree)
-    # The two small compiled ops fused_marlin_moe also calls, built from the tree the same
-    # way (tests/vllm_c_ops.py, sources "moe_align" and "silu_clamp").
-    vllm_c_marlin.define(args.tree, "_moe_C", "csrc/moe/torch_bindings.cpp", {
-        "moe_align_block_size": vllm_c_ops.load("sm80", "moe_align").moe_align_block_size})
-    vllm_c_marlin.define(args.tree, "_C", "csrc/torch_bindings.cpp", {
-        "silu_and_mul_with_clamp":
-            vllm_c_ops.load("sm80", "silu_clamp").silu_and_mul_with_clamp})
+    lib, _ = install_ops(args.tree, vllm_c_marlin.LIMITS[args.limits])
     checks.boot(args.tree, args.overlay, args.capability, (), device=args.device)
     print("INFO " + repr({"limits": list(lib.limits), "device": torch.cuda.get_device_name(0)}))
     return checks.run_cases(args.case or list(CASES), run_case)
+
+
+def install_ops(tree: Path, limits: tuple[int, int]):
+    """Build the tree's Marlin libraries (dense and MoE) and the two small ops
+    ``fused_marlin_moe`` also calls as SM80 code, and register them as vLLM's ``_C`` /
+    ``_moe_C`` ops with the tree's schemas; the host code is told ``limits`` (SM count, opt-in
+    shared memory). Returns (dense library, MoE library)."""
+    lib = vllm_c_marlin.MarlinLib(vllm_c_marlin.build(tree), limits)
+    vllm_c_marlin.register_vllm_ops(lib, tree)
+    moe = vllm_c_marlin.MarlinMoeLib(vllm_c_marlin.build(tree, family="moe"), limits)
+    vllm_c_marlin.register_vllm_ops(moe, tree)
+    # The two small compiled ops fused_marlin_moe also calls, built from the tree the same
+    # way (tests/vllm_c_ops.py, sources "moe_align" and "silu_clamp").
+    vllm_c_marlin.define(tree, "_moe_C", "csrc/moe/torch_bindings.cpp", {
+        "moe_align_block_size": vllm_c_ops.load("sm80", "moe_align").moe_align_block_size})
+    vllm_c_marlin.define(tree, "_C", "csrc/torch_bindings.cpp", {
+        "silu_and_mul_with_clamp":
+            vllm_c_ops.load("sm80", "silu_clamp").silu_and_mul_with_clamp})
+    return lib, moe
 
 
 if __name__ == "__main__":
