@@ -14,3 +14,11 @@ from pathlib import Path
 _OVERLAY = str(Path(__file__).resolve().parents[1] / "overlay")
 if _OVERLAY not in sys.path:
     sys.path.insert(0, _OVERLAY)
+
+
+def add_tests() -> None:
+    """Also put ``tests/`` on ``sys.path``: for the scripts that drive vLLM's own Python
+    through the vLLM-level check modules there (``tests/vllm_marlin_check.py``)."""
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)

@@ -1,5 +1,7 @@
-"""vLLM's Marlin GEMMs timed as SM80 code: the kernels that carry every quantised GEMM of
-DeepSeek-V4 / V4.1 on capability 8.x (vLLM's own choice there, no patch of ours).
+"""vLLM's Marlin GEMMs (V4 / V4.1's quantised linears and experts on 8.x) timed as SM80 code.
+
+On capability 8.x vLLM's own selectors send every quantised GEMM of DeepSeek-V4 / V4.1 to
+Marlin (no patch of ours).
 
 Built from the applied tree for compute_80 and registered as vLLM's ops
 (``tests/vllm_marlin_check.py``: ``install_ops``), run through vLLM's own Python: the FP8-block
@@ -30,8 +32,10 @@ from pathlib import Path
 
 import torch
 
+import _paths  # noqa: E402
+
+_paths.add_tests()
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 import common  # noqa: E402
 import vllm_c_marlin  # noqa: E402
@@ -166,7 +170,6 @@ def main(argv=None) -> int:
     missing = harness.missing_dependencies()  # also puts the bundle's vLLM deps on sys.path
     if missing:
         raise SystemExit(f"vLLM's Python dependencies missing here: {', '.join(missing)}")
-    sys.path.insert(0, str(HERE))
     from upstream_import import find_tree
 
     import vllm_builder_check as checks
