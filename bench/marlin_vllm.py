@@ -61,8 +61,8 @@ def nbytes(*ts) -> int:
 
 
 def random_e4m3(g, shape):
-    """Random e4m3 codes (uint8) without the NaN codes, on the GPU."""
-    c = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=g)
+    """Random e4m3 codes (uint8) without the NaN codes, on ``g``'s device."""
+    c = torch.randint(0, 256, shape, dtype=torch.uint8, device=g.device, generator=g)
     return torch.where((c & 0x7F) == 0x7F, c ^ 1, c)
 
 
@@ -70,20 +70,30 @@ def pow2(exps):
     return torch.pow(2.0, exps.float() - 127)
 
 
-def linear_set(cases, g, fmt, n, k):
-    """One weight set: (Marlin apply, its prepared-tensor bytes, bf16 dequantised weight)."""
+def loaded_linear(g, fmt, n, k):
+    """A linear's weight as loaded, on ``g``'s device: (e4m3 codes [N, K] as uint8, scale
+    exponent bytes (``fmt`` "block": UE8M0 per 128 x 128 block; "mx": e8m0 per 32 along K),
+    the weight they mean in fp32)."""
     codes = random_e4m3(g, (n, k))
     w = codes.view(torch.float8_e4m3fn).float()
     if fmt == "block":
-        bn, bk = -(-n // 128), k // 128
-        exps = torch.randint(115, 124, (bn, bk), dtype=torch.uint8, device="cuda", generator=g)
+        exps = torch.randint(115, 124, (-(-n // 128), k // 128), dtype=torch.uint8,
+                             device=g.device, generator=g)
         w *= pow2(exps).repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    else:
+        exps = torch.randint(115, 124, (n, k // 32), dtype=torch.uint8, device=g.device,
+                             generator=g)
+        w *= pow2(exps).repeat_interleave(32, 1)
+    return codes, exps, w
+
+
+def linear_set(cases, g, fmt, n, k):
+    """One weight set: (Marlin apply, its prepared-tensor bytes, bf16 dequantised weight)."""
+    codes, exps, w = loaded_linear(g, fmt, n, k)
+    if fmt == "block":
         apply = cases._prepared(torch, lambda: cases.block_linear(
             torch, codes.clone(), exps.view(torch.float8_e8m0fnu).clone(), n, k))
     else:
-        exps = torch.randint(115, 124, (n, k // 32), dtype=torch.uint8, device="cuda",
-                             generator=g)
-        w *= pow2(exps).repeat_interleave(32, 1)
         apply = cases._prepared(
             torch, lambda: cases.mx_linear(torch, codes.clone(), exps.clone(), n, k))
     weight_bytes = nbytes(*apply.layer.parameters())
@@ -94,28 +104,26 @@ def rel_err(y, ref) -> float:
     return float((y.double() - ref.double()).norm() / ref.double().norm())
 
 
+def loaded_experts(g, weights, e, k, n):
+    """Experts as loaded, uint8 on ``g``'s device. "mxfp4": (w13 [E, 2N, K/2], w2 [E, K, N/2]
+    e2m1 pairs, low nibble first; e8m0 bytes per 32 along K [E, 2N, K/32], [E, K, N/32]).
+    "fp8": (e4m3 codes [E, 2N, K], [E, K, N]; UE8M0 bytes per 128 x 128 block)."""
+    def u8(lo, hi, shape):
+        return torch.randint(lo, hi, shape, dtype=torch.uint8, device=g.device, generator=g)
+
+    if weights == "mxfp4":
+        return (u8(0, 256, (e, 2 * n, k // 2)), u8(0, 256, (e, k, n // 2)),
+                u8(118, 122, (e, 2 * n, k // 32)), u8(118, 122, (e, k, n // 32)))
+    return (random_e4m3(g, (e, 2 * n, k)), random_e4m3(g, (e, k, n)),
+            u8(116, 120, (e, -(-2 * n // 128), k // 128)),
+            u8(116, 120, (e, -(-k // 128), n // 128)))
+
+
 def expert_set(cases, g, weights, e, k, n):
     """Loaded experts (uint8 on the GPU), the prepared tensors, per-expert prepared bytes."""
-    if weights == "mxfp4":
-        w13 = torch.randint(0, 256, (e, 2 * n, k // 2), dtype=torch.uint8, device="cuda",
-                            generator=g)
-        w2 = torch.randint(0, 256, (e, k, n // 2), dtype=torch.uint8, device="cuda", generator=g)
-        s13 = torch.randint(118, 122, (e, 2 * n, k // 32), dtype=torch.uint8, device="cuda",
-                            generator=g)
-        s2 = torch.randint(118, 122, (e, k, n // 32), dtype=torch.uint8, device="cuda",
-                           generator=g)
-        loaded = (w13, w2, s13, s2)
-        prepared = cases._prepared(torch, lambda: cases.prepare_mxfp4_experts(
-            torch, w13.clone(), w2.clone(), s13.clone(), s2.clone()))
-    else:
-        c13, c2 = random_e4m3(g, (e, 2 * n, k)), random_e4m3(g, (e, k, n))
-        x13 = torch.randint(116, 120, (e, -(-2 * n // 128), k // 128), dtype=torch.uint8,
-                            device="cuda", generator=g)
-        x2 = torch.randint(116, 120, (e, -(-k // 128), n // 128), dtype=torch.uint8,
-                           device="cuda", generator=g)
-        loaded = (c13, c2, x13, x2)
-        prepared = cases._prepared(torch, lambda: cases.prepare_fp8_experts(
-            torch, c13.clone(), c2.clone(), x13.clone(), x2.clone()))
+    loaded = loaded_experts(g, weights, e, k, n)
+    prepare = cases.prepare_mxfp4_experts if weights == "mxfp4" else cases.prepare_fp8_experts
+    prepared = cases._prepared(torch, lambda: prepare(torch, *(t.clone() for t in loaded)))
     return loaded, tuple(prepared), nbytes(*prepared) // e
 
 
@@ -134,7 +142,9 @@ def dequant_expert(cases, weights, loaded, ex, k, n):
 
 
 def moe_reference(cases, weights, loaded, x, topk_w, topk_ids, k, n):
-    out = torch.zeros(x.shape[0], k, dtype=torch.float32, device="cuda")
+    """fp32 reference of V4's routed experts (SiLU with the swiglu clamp, weighted sum over
+    the top-k) from the loaded bytes, per token and expert."""
+    out = torch.zeros(x.shape[0], k, dtype=torch.float32, device=x.device)
     for t in range(x.shape[0]):
         for j in range(topk_ids.shape[1]):
             w13, w2 = dequant_expert(cases, weights, loaded, int(topk_ids[t, j]), k, n)
