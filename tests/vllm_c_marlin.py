@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import functools
-import hashlib
 import os
 import re
 import shutil
@@ -266,21 +265,12 @@ def build(tree: Path | None = None, out_root: Path | None = None, jobs: int | No
     nvcc, inc = vllm_c_ops._nvcc(), vllm_c_ops._torch_include()
     fam = FAMILIES[family]
     files = sources(tree, family)
-    ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
     flags = [*_FLAGS, *layout_defines(tree, family), *_GENCODE]
-    key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
-                                    ver]).encode()).hexdigest()[:12]
-    root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR",
-                                           vllm_c_ops._REPO / "build" / "vllm-c"))
-    d = root / f"marlin-{family}-sm80-{key}"
+    d = vllm_c_ops.build_dir(f"marlin-{family}-sm80", files, flags, nvcc, out_root)
     lib = d / fam.lib
     if lib.is_file():
         return lib
     src = d / "src"
-    for name, text in files.items():
-        p = src / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
     compile_units = sorted(n for n in files if n.endswith(".cu"))
     objs = d / "obj"
     objs.mkdir(parents=True, exist_ok=True)
@@ -407,6 +397,15 @@ class _MarlinBase:
         return act, s_type, 32 // bits, b_type_id == ids["fe2m1f"] and s_type == ids["fe4m3fn"]
 
     @staticmethod
+    def _group_size(size_k: int, num_groups: int, what: str) -> int:
+        """The wrappers' scale group along K: -1 for one group (channelwise), else K / groups."""
+        if num_groups <= 1:
+            return -1
+        if size_k % num_groups:
+            raise RuntimeError(f"size_k is not divisible by {what}")
+        return size_k // num_groups
+
+    @staticmethod
     def _check(rc: int, err, what: str) -> None:
         if rc != 0:
             raise RuntimeError(f"{what}: {err.value.decode(errors='replace')}")
@@ -482,11 +481,7 @@ class MarlinLib(_MarlinBase):
         else:
             c_tmp = torch.empty(0, dtype=torch.float32, device=dev)
         num_groups = b_scales.size(0)
-        group_size = -1
-        if num_groups > 1:
-            if size_k % num_groups:
-                raise RuntimeError("size_k is not divisible by b_scales.size(0)")
-            group_size = size_k // num_groups
+        group_size = self._group_size(size_k, num_groups, "b_scales.size(0)")
         empty = torch.empty(0, dtype=torch.float32, device=dev)
         bias = b_bias_or_none
         if bias is not None and not (bias.is_contiguous() and bias.size(0) == size_n):
@@ -558,12 +553,7 @@ class MarlinMoeLib(_MarlinBase):
             c_tmp = torch.empty(n_tmp, dtype=torch.float32, device=dev)
         else:
             c_tmp = torch.empty(0, dtype=torch.float32, device=dev)
-        num_groups = b_scales.size(1)
-        group_size = -1
-        if num_groups > 1:
-            if size_k % num_groups:
-                raise RuntimeError("size_k is not divisible by b_scales.size(1)")
-            group_size = size_k // num_groups
+        group_size = self._group_size(size_k, b_scales.size(1), "b_scales.size(1)")
         bias = b_bias_or_none
         if bias is not None and not (bias.is_contiguous() and bias.size(1) == size_n):
             raise RuntimeError("moe_wna16_marlin_gemm: b_bias")

@@ -253,6 +253,25 @@ def _nvcc() -> str:
     return nvcc
 
 
+def build_dir(name: str, files: dict[str, str], flags: list[str], nvcc: str,
+              out_root: Path | None = None) -> Path:
+    """``<root>/<name>-<key>``, the key a hash of the sources (``files``: relative path ->
+    text), the flags and nvcc's version; root ``out_root``, else $DEEPINFER_VLLM_C_DIR, else
+    build/vllm-c. Unless the directory already holds a build, the sources are written to its
+    ``src/`` (laid out by their relative paths)."""
+    ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
+    key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
+                                    ver]).encode()).hexdigest()[:12]
+    root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR", _REPO / "build" / "vllm-c"))
+    d = root / f"{name}-{key}"
+    for rel, text in files.items():
+        p = d / "src" / rel
+        if not p.is_file() or p.read_text() != text:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+    return d
+
+
 def build(variant: str, source: str = "dsv4_insert", tree: Path | None = None,
           out_root: Path | None = None) -> Path:
     """Build (or reuse) the source's library for the variant; returns its path."""
@@ -271,22 +290,14 @@ def build(variant: str, source: str = "dsv4_insert", tree: Path | None = None,
         files[str(Path(h).relative_to("csrc"))] = (tree / h).read_text()
     files[str(here / src.harness)] = (_HERE / src.harness).read_text()
     files["torch_utils.h"] = (_HERE / "torch_utils.h").read_text()
-    ver = subprocess.run([nvcc, "--version"], text=True, capture_output=True).stdout
     flags = [*BASE_FLAGS, *v.gencode, *v.defines]
     # torch's headers are not in the key: the library uses their header-only types and links
     # nothing of libtorch, so a build against one torch serves another.
-    key = hashlib.sha256("\0".join([*sorted(f"{k}\0{s}" for k, s in files.items()), *flags,
-                                    ver]).encode()).hexdigest()[:12]
-    root = out_root or Path(os.environ.get("DEEPINFER_VLLM_C_DIR", _REPO / "build" / "vllm-c"))
-    d = root / f"{source}-{variant}-{key}"
+    d = build_dir(f"{source}-{variant}", files, flags, nvcc, out_root)
     lib = d / src.lib
     if lib.is_file():
         return lib
     srcdir = d / "src"
-    for name, text in files.items():
-        p = srcdir / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
     tmp = d / (src.lib + ".part")
     cmd = [nvcc, *flags, "-I", str(srcdir), "-I", str(inc), str(srcdir / here / src.harness),
            "-o", str(tmp)]

@@ -75,8 +75,8 @@ VLLM_DEPS_NO_DEPS = {"xgrammar==0.2.8": "xgrammar", "llguidance>=1.7,<1.8": "llg
 
 # CUDA sources of the vLLM tree that the GPU tests compile themselves (tests/vllm_c_ops.py:
 # vLLM's SWA writer, the hash-layer MoE router, the indexer K gather and the headers they
-# include; tests/vllm_c_marlin.py: Marlin; tests/test_vllm_c_build.py keeps the lists in step). Every layout of every
-# release the patch sets pin: a file the tree lacks is left out.
+# include; tests/vllm_c_marlin.py: Marlin; tests/test_vllm_c_build.py keeps the lists in
+# step). Every layout of every release the patch sets pin: a file the tree lacks is left out.
 VLLM_CSRC = ("csrc/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu", "csrc/type_convert.cuh",
              "csrc/dispatch_utils.h", "csrc/core/cuda_compat.h",
              "csrc/moe/topk_softplus_sqrt_kernels.cu", "csrc/cub_helpers.h",
