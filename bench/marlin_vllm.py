@@ -161,6 +161,10 @@ def routing(g, m, e, top_k):
 
 
 def row(report, what, shape, m, impl, t, moved, flops, **extra) -> None:
+    # one line per row as it is measured: a run stopped by the device's time limit still
+    # leaves its timings in the log (the JSON and table are written only at the end)
+    print(f"row: {what} | {shape} | {m} tokens | {impl} | {t.median_us:.2f} us "
+          f"({t.p25_us:.2f}-{t.p75_us:.2f}) | {moved} B | {flops} FLOP", flush=True)
     report.add(what=what, **{"N x K": shape}, tokens=m, impl=impl, median_us=t.median_us,
                iqr_us=f"{t.p25_us:.1f}-{t.p75_us:.1f}", tflops=flops / t.median_us / 1e6,
                bytes=moved, flops=flops, timing=t.as_dict(), **extra)
@@ -223,6 +227,7 @@ def main(argv=None) -> int:
         "routings (experts) rotated past 2x L2; fresh random codes and scales each run "
         f"(seed {seed}); V4-Flash sizes at TP 1, experts 256 with top-6"]
     report.meta["copy_start"] = common.copy_bandwidth()
+    print(f"copy_start: {report.meta['copy_start']['gbps_read_plus_write']:.0f} GB/s", flush=True)
 
     for what, fmt, n, k in linears:
         w_one = n * k

@@ -19,8 +19,10 @@ fi
 t0=$SECONDS
 q=(); [ "${MB_QUICK:-0}" = 1 ] && q=(--quick)
 DEEPINFER_BENCH_COMMAND="bash scripts/device/marlin_bench.sh $MODE" \
-  timeout $((590 - SECONDS)) $PY bench/marlin_vllm.py "${q[@]}" > "$OUT/bench-marlin.log" 2>&1 || rc=1
+  timeout $((590 - SECONDS)) $PY bench/marlin_vllm.py "${q[@]}" > "$OUT/bench-marlin.log" 2>&1 || brc=1
 grep -E "^\||PASS|FAIL|Error|rror" "$OUT/bench-marlin.log" | head -80
+# stopped early (time limit, error): the rows measured so far, one line each
+[ "${brc:-0}" = 0 ] || { rc=1; grep -E "^(row|copy_start):" "$OUT/bench-marlin.log" | tail -60; }
 tail -5 "$OUT/bench-marlin.log"
 echo "=== marlin_vllm ($((SECONDS - t0)) s)"
 find bench/results -name 'marlin_vllm*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
