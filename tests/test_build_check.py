@@ -169,6 +169,49 @@ def test_static_libstdcxx_copy_is_detected(tmp_path):
 
 
 @needs_nvcc
+def test_api_syntax_checks_are_kept_until_csrc_or_the_compiler_changes(tmp_path, monkeypatch,
+                                                                       capfd):
+    """The csrc/api syntax checks (10-13 s each against torch's headers) go through the
+    build-check cache too: a second run runs no compiler; an edit under csrc/ or another
+    compiler runs them again; a failing check is reported every time, never kept."""
+    pytest.importorskip("torch", reason="the api syntax check needs torch's headers")
+    csrc = tmp_path / "csrc"
+    (csrc / "k").mkdir(parents=True)
+    (csrc / "api").mkdir()
+    (csrc / "k" / "a.cu").write_text("__global__ void a(float* p) { p[0] = 1.0f; }\n")
+    (csrc / "api" / "x.cpp").write_text("int x() { return 1; }\n")
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$@" >> {log}\nexec c++ "$@"\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setattr(B, "BUILD_CHECK_CACHE", tmp_path / "cache")
+
+    def run():
+        B.build_check(["80"], csrc=csrc)
+        out = capfd.readouterr()
+        return len(log.read_text().splitlines()) if log.exists() else 0, out.out + out.err
+
+    calls, out = run()
+    assert calls == 1 and "syntax check against torch headers: ok" in out
+    assert "passed before" not in out
+    calls, out = run()
+    assert calls == 1 and "1 of 1 passed before" in out
+    (csrc / "k" / "a.cu").write_text("__global__ void a(float* p) { p[0] = 2.0f; }\n")
+    assert run()[0] == 2
+    cxx2 = tmp_path / "cxx2"
+    cxx2.write_text(cxx.read_text())
+    cxx2.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx2))
+    assert run()[0] == 3
+    (csrc / "api" / "x.cpp").write_text("int x() { return y; }\n")
+    for want in (4, 5):
+        with pytest.raises(DeepinferError, match="1 api error"):
+            B.build_check(["80"], csrc=csrc)
+        assert len(log.read_text().splitlines()) == want
+
+
+@needs_nvcc
 def test_build_check_reuses_results_until_a_source_or_header_changes(tmp_path, monkeypatch, capfd):
     """The build-check cache (CI runs build-check twice: in this suite and as `make
     build-check`): a second run compiles nothing and reports the same kernels; editing a

@@ -483,25 +483,45 @@ def cached_compile_for_resources(src: Path, archs: list[str], nvcc: Path, csrc: 
     return kernels, err, False
 
 
-def api_syntax_check(csrc: Path = CSRC, nvcc: Path | None = None) -> list[str] | None:
-    """Syntax-check csrc/api/*.cpp against torch's headers; None when torch is absent."""
+def _api_cmds(csrc: Path, nvcc: Path | None) -> tuple[list[tuple[Path, list[str]]], str] | None:
+    """The csrc/api/*.cpp syntax-check commands against torch's headers, and what else their
+    results depend on (the compiler's and torch's identity); None when torch is absent."""
     try:
+        import torch
         from torch.utils import cpp_extension as ce
     except ImportError:
         return None
     inc = ce.include_paths()  # the CPU list: no CUDA_HOME needed; CUDA headers added below
-    nvcc = nvcc or find_nvcc()
     cuda_inc = [f"-isystem{cuda_home(nvcc) / 'include'}"] if nvcc else []
-    errors = []
-    for src in sorted((csrc / "api").glob("*.cpp")):
-        # CPU builds of torch ship the c10/cuda headers without their generated config.
-        cmd = [os.environ.get("CXX", "c++"), f"-std={CUDA_STD}", "-fsyntax-only",
-               "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", f"-I{csrc}",
-               *[f"-isystem{p}" for p in inc], *cuda_inc, str(src)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            errors.append(f"{src.relative_to(csrc)}:\n{res.stderr.strip()[:4000]}")
-    return errors
+    cxx = os.environ.get("CXX", "c++")
+    # CPU builds of torch ship the c10/cuda headers without their generated config.
+    cmds = [(src, [cxx, f"-std={CUDA_STD}", "-fsyntax-only", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
+                   f"-I{csrc}", *[f"-isystem{p}" for p in inc], *cuda_inc, str(src)])
+            for src in sorted((csrc / "api").glob("*.cpp"))]
+    try:
+        ver = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        ver = ""
+    return cmds, f"{shutil.which(cxx) or cxx}\n{ver}\ntorch {torch.__version__} {torch.__file__}"
+
+
+def _api_check_one(src: Path, cmd: list[str], csrc: Path, key_base: str,
+                   cache: Path | None) -> tuple[str | None, bool]:
+    """One syntax check through the build-check cache (successes only are kept): (the error
+    or None, whether the result came from the cache)."""
+    path = None
+    if cache is not None:
+        key = hashlib.sha256(json.dumps([key_base, "api", cmd]).encode()).hexdigest()
+        path = cache / f"{key}.api-ok"
+        if path.is_file():
+            return None, True
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        return f"{src.relative_to(csrc)}:\n{res.stderr.strip()[:4000]}", False
+    if path is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        path.write_text("ok\n")
+    return None, False
 
 
 def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
@@ -519,9 +539,18 @@ def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
     workers = jobs or max(1, os.cpu_count() or 1)
     cache = BUILD_CHECK_CACHE if os.environ.get("DEEPINFER_BUILD_CHECK_CACHE", "1") != "0" else None
     key_base = f"{_nvcc_identity(nvcc)}\n{_csrc_digest(csrc)}" if cache else ""
+    api = _api_cmds(csrc, nvcc) if check_api else None
     with ThreadPoolExecutor(max_workers=workers) as ex:
+        # the api syntax checks share the pool with the kernels' compiles (queued first: each
+        # parses torch's headers, 10-13 s)
+        api_futures = [ex.submit(_api_check_one, src, cmd, csrc,
+                                 f"{key_base}\n{api[1]}", cache)
+                       for src, cmd in api[0]] if api is not None else []
         results = list(ex.map(lambda s: cached_compile_for_resources(
             s, list(archs), nvcc, csrc, key_base, cache), cu))
+        api_results = [f.result() for f in api_futures]
+    api_errors = [e for e, _ in api_results if e] if api is not None else None
+    api_reused = sum(1 for _, hit in api_results if hit)
     kernels = [k for ks, _, _ in results for k in ks]
     failures = [e for _, e, _ in results if e]
     reused = sum(1 for _, _, hit in results if hit)
@@ -531,12 +560,13 @@ def build_check(archs: list[str] = ("80", "86"), allow: tuple[str, ...] = (),
     print_table(kernels)
     allowed = SPILL_ALLOWLIST + tuple(allow)
     spills = [k for k in kernels if k.spills and not any(a in k.name for a in allowed)]
-    api_errors = api_syntax_check(csrc, nvcc) if check_api else None
     if api_errors is None and check_api:
         info("csrc/api syntax check skipped: torch is not importable")
     elif check_api:
         info(f"csrc/api/*.cpp syntax check against torch headers: "
-             f"{'ok' if not api_errors else f'{len(api_errors)} failed'}")
+             f"{'ok' if not api_errors else f'{len(api_errors)} failed'}"
+             + (f" ({api_reused} of {len(api_results)} passed before with the same compiler, "
+                "torch and csrc/)" if api_reused else ""))
     details = failures + (api_errors or [])
     details += [f"{k.source}: {k.name} ({k.arch}) spills {k.spill_stores} B stores / "
                 f"{k.spill_loads} B loads" for k in spills]
