@@ -10,10 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_native_check(nvcc, name: str, tmp_path: Path, *args: str, opt: str = "-O2",
-                     timeout: int = 300) -> int:
+                     timeout: int = 300, flags: tuple[str, ...] = ()) -> int:
     exe = tmp_path / Path(name).stem
     src = ROOT / "tests" / "native" / name
-    res = subprocess.run([str(nvcc), "-std=c++17", opt, f"-I{ROOT / 'csrc'}", str(src), "-o", str(exe)],
+    res = subprocess.run([str(nvcc), "-std=c++17", opt, *flags, f"-I{ROOT / 'csrc'}", str(src),
+                          "-o", str(exe)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     run = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout)

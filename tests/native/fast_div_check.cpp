@@ -28,13 +28,25 @@ static bool check(int32_t n, int32_t d, const deepinfer_sm80::FastDivU31& f) {
 }
 
 int main() {
+  // Exhaustive part: q = fast_div(n) must be the one q with 0 <= n - q*d < d (the definition
+  // of floor division, without a division: the loop vectorises), checked in blocks of 2^20
+  // without an early exit; a failing block is re-run against the C division to name the n.
   const int32_t exhaustive[] = {2, 3, 4, 7, 128, 2147483647};
   for (int32_t d : exhaustive) {
     const auto f = make_fast_div(d);
-    for (int64_t n = 0; n <= 2147483647LL; ++n) {
-      // inline fast path for speed; the checked function is the same expression
-      if (fast_div(static_cast<int32_t>(n), f) != static_cast<int32_t>(n / d)) {
-        std::printf("MISMATCH n=%lld d=%d\n", static_cast<long long>(n), d);
+    const int64_t dd = d;
+    for (int64_t base = 0; base <= 2147483647LL; base += int64_t{1} << 20) {
+      uint32_t bad = 0;
+      for (int32_t i = 0; i < (1 << 20); ++i) {
+        const int32_t n = static_cast<int32_t>(base + i);
+        const int64_t r = static_cast<int64_t>(n) - static_cast<int64_t>(fast_div(n, f)) * dd;
+        bad |= static_cast<uint32_t>(r < 0) | static_cast<uint32_t>(r >= dd);
+      }
+      if (bad) {
+        for (int32_t i = 0; i < (1 << 20); ++i)
+          if (!check(static_cast<int32_t>(base + i), d, f)) return 1;
+        std::printf("MISMATCH in the block from n=%lld, d=%d, not found again\n",
+                    static_cast<long long>(base), d);
         return 1;
       }
     }
