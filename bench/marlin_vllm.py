@@ -42,6 +42,8 @@ import vllm_c_marlin  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 
 SWIGLU_LIMIT = 10.0
+#: where inputs and routings are made (a CPU test of the script's flow sets "cpu")
+DEVICE = "cuda"
 #: (name, format, N, K): V4-Flash sizes at TP 1. 1536 x 4096: the Q low-rank projection;
 #: 4096 x 4096: the shared expert's gate+up (2 x 2048) from the hidden size; 32768 x 1536: Q's
 #: up-projection for 64 heads of 512; the MXFP8 row is V4.1's form of the same 4096 x 4096.
@@ -155,8 +157,8 @@ def moe_reference(cases, weights, loaded, x, topk_w, topk_ids, k, n):
 
 
 def routing(g, m, e, top_k):
-    ids = torch.rand((m, e), device="cuda", generator=g).topk(top_k, -1).indices
-    w = torch.softmax(torch.randn((m, top_k), device="cuda", generator=g), -1)
+    ids = torch.rand((m, e), device=DEVICE, generator=g).topk(top_k, -1).indices
+    w = torch.softmax(torch.randn((m, top_k), device=DEVICE, generator=g), -1)
     return ids.to(torch.int32), w.float()
 
 
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
 
     tree = find_tree(version=harness.VLLM_VERSION)
     libs = cases.install_ops(tree, vllm_c_marlin.A100_LIMITS)
-    checks.boot(tree, HERE.parent / "overlay", "8.0", (), device="cuda")
+    checks.boot(tree, HERE.parent / "overlay", "8.0", (), device=DEVICE)
     props = torch.cuda.get_device_properties(0)
     own = (props.multi_processor_count,
            int(getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024))
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
         columns=["what", "N x K", "tokens", "impl", "median_us", "iqr_us", "floor_us",
                  "pct_copy", "tflops", "vs_bf16"])
     seed = common.fresh_seed()
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     report.meta["seed"] = seed
     report.meta["tree"] = str(tree.name)
     report.notes += [
@@ -234,7 +236,7 @@ def main(argv=None) -> int:
         sets = common.rotation_count(w_one)
         built = [linear_set(cases, g, fmt, n, k) for _ in range(sets)]
         apply0, weight_bytes, w0 = built[0]
-        x = torch.randn((16, k), device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn((16, k), device=DEVICE, generator=g).to(torch.bfloat16)
         ref = x.float() @ w0.float().T
         for label, limits in limit_sets:
             set_limits(libs, limits)
@@ -243,7 +245,7 @@ def main(argv=None) -> int:
                          "16 tokens", err <= 1e-2, f"rel err {err:.2e}")
         set_limits(libs, vllm_c_marlin.A100_LIMITS)
         for m in tokens:
-            xs = [torch.randn((m, k), device="cuda", generator=g).to(torch.bfloat16)
+            xs = [torch.randn((m, k), device=DEVICE, generator=g).to(torch.bfloat16)
                   for _ in range(sets)]
             moved = weight_bytes + 2 * m * (k + n)
             flops = 2 * m * n * k
@@ -265,7 +267,7 @@ def main(argv=None) -> int:
     for what, weights, e, top_k, k, n in experts:
         loaded, prepared, per_expert = expert_set(cases, g, weights, e, k, n)
         apply = cases.marlin_experts(prepared, weights)
-        x = torch.randn((3, k), device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn((3, k), device=DEVICE, generator=g).to(torch.bfloat16)
         ids, w = routing(g, 3, e, top_k)
         ref = moe_reference(cases, weights, loaded, x, w, ids, k, n)
         for label, limits in limit_sets:
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
         del loaded
         for m in moe_tokens:
             sets = 8 if m <= 16 else 4 if m <= 128 else 2
-            inputs = [(torch.randn((m, k), device="cuda", generator=g).to(torch.bfloat16),
+            inputs = [(torch.randn((m, k), device=DEVICE, generator=g).to(torch.bfloat16),
                        *routing(g, m, e, top_k)) for _ in range(sets)]
             touched = sum(int(torch.unique(r[1]).numel()) for r in inputs) / sets
             # x in and y out; each intermediate written once and read once (GEMM1's 2N-wide
