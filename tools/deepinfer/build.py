@@ -444,6 +444,8 @@ def compile_for_resources(src: Path, archs: list[str], nvcc: Path,
 # flags, the architectures, the file, every file under csrc/: a header change invalidates
 # all), so that `make build-check` after the test suite's run of it (CI does both) compiles
 # nothing again. $DEEPINFER_BUILD_CHECK_CACHE=0 turns it off; compile errors are not kept.
+# The csrc/api syntax checks' passes are kept there too (``<key>.api-ok``), keyed also by the
+# C++ compiler and torch's version and location.
 BUILD_CHECK_CACHE = ROOT / "build" / "build-check"
 
 
