@@ -209,6 +209,12 @@ def test_api_syntax_checks_are_kept_until_csrc_or_the_compiler_changes(tmp_path,
         with pytest.raises(DeepinferError, match="1 api error"):
             B.build_check(["80"], csrc=csrc)
         assert len(log.read_text().splitlines()) == want
+    # a $CXX that names no program: an api error naming it, not a traceback
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-cxx"))
+    with pytest.raises(DeepinferError, match="1 api error") as err:
+        B.build_check(["80"], csrc=csrc)
+    assert any("cannot run the C++ compiler" in d and "no-such-cxx" in d
+               for d in err.value.details), err.value.details
 
 
 @needs_nvcc

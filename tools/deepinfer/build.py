@@ -517,7 +517,11 @@ def _api_check_one(src: Path, cmd: list[str], csrc: Path, key_base: str,
         path = cache / f"{key}.api-ok"
         if path.is_file():
             return None, True
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:  # $CXX names no program (one word: the compiler's path or name)
+        return (f"{src.relative_to(csrc)}: cannot run the C++ compiler {cmd[0]!r} ($CXX, default "
+                f"c++): {exc}"), False
     if res.returncode != 0:
         return f"{src.relative_to(csrc)}:\n{res.stderr.strip()[:4000]}", False
     if path is not None:
