@@ -59,21 +59,6 @@ def _applier(weight64, params, scale=1.0):
     return apply
 
 
-def _block64(codes, exps, n, k):
-    s = torch.pow(2.0, exps.view(torch.uint8).double() - 127)
-    return cases.e4m3_to_float(codes) * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
-
-
-def _experts64(weights, prepared, ex, k, n):
-    a, b, sa, sb = prepared
-    if weights == "mxfp4":
-        def one(w, s, cols):
-            return cases.e2m1_to_float(w[ex], cols) * torch.pow(
-                2.0, s[ex].double() - 127).repeat_interleave(32, -1)
-        return one(a, sa, k), one(b, sb, n)
-    return _block64(a[ex], sa[ex], 2 * n, k), _block64(b[ex], sb[ex], k, n)
-
-
 def _install_stand_ins(monkeypatch, bench, tmp_path, *, linear_scale=1.0):
     """The GPU parts of the script replaced; returns the log of set_limits calls."""
     common = bench.common
@@ -109,8 +94,12 @@ def _install_stand_ins(monkeypatch, bench, tmp_path, *, linear_scale=1.0):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(cases, "install_ops", lambda tree, limits: (
         limits_log.append(tuple(limits)) or _Lib(limits_log), _Lib(limits_log)))
-    monkeypatch.setattr(cases, "block_linear", lambda t, codes, scales, n, k: _applier(
-        _block64(codes, scales, n, k), (codes, scales), linear_scale))
+    def block_linear(t, codes, scales, n, k):
+        s = torch.pow(2.0, scales.view(torch.uint8).double() - 127)
+        w = cases.e4m3_to_float(codes) * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+        return _applier(w, (codes, scales), linear_scale)
+
+    monkeypatch.setattr(cases, "block_linear", block_linear)
 
     def mx_linear(t, codes, exps, n, k):
         s = torch.pow(2.0, exps.double() - 127).repeat_interleave(32, 1)
@@ -121,21 +110,10 @@ def _install_stand_ins(monkeypatch, bench, tmp_path, *, linear_scale=1.0):
     monkeypatch.setattr(cases, "prepare_fp8_experts", lambda t, *loaded: loaded)
 
     def marlin_experts(prepared, weights):
-        k = prepared[1].shape[1]
-        n = prepared[0].shape[1] // 2
-
-        def apply(x, topk_w, topk_ids):
-            out = torch.zeros(x.shape[0], k, dtype=torch.float64)
-            for t in range(x.shape[0]):
-                for j in range(topk_ids.shape[1]):
-                    w13, w2 = _experts64(weights, prepared, int(topk_ids[t, j]), k, n)
-                    h = x[t].double() @ w13.T
-                    gate = h[:n].clamp(max=bench.SWIGLU_LIMIT)
-                    up = h[n:].clamp(-bench.SWIGLU_LIMIT, bench.SWIGLU_LIMIT)
-                    out[t] += float(topk_w[t, j]) * ((gate * torch.sigmoid(gate) * up) @ w2.T)
-            return out.to(torch.bfloat16)
-
-        return apply
+        k, n = prepared[1].shape[1], prepared[0].shape[1] // 2
+        w13, w2 = cases.experts_float64(weights, prepared, k, n)
+        return lambda x, topk_w, topk_ids: cases.moe_float64(
+            x.double(), topk_w, topk_ids, w13, w2).to(torch.bfloat16)
 
     monkeypatch.setattr(cases, "marlin_experts", marlin_experts)
     return limits_log

@@ -51,27 +51,12 @@ def test_loaded_linear_means_what_the_format_says(bench, fmt, n, k):
     assert torch.equal(w.double(), check.e4m3_to_float(codes) * s64)
 
 
-def _experts64(weights, loaded, k, n):
-    if weights == "mxfp4":
-        w13, w2, s13, s2 = loaded
-        return (check.e2m1_to_float(w13, k) * torch.pow(2.0, s13.double() - 127)
-                .repeat_interleave(32, -1),
-                check.e2m1_to_float(w2, n) * torch.pow(2.0, s2.double() - 127)
-                .repeat_interleave(32, -1))
-    c13, c2, x13, x2 = loaded
-
-    def one(codes, exps, rows):
-        s = torch.pow(2.0, exps.double() - 127).repeat_interleave(128, 1)[:, :rows]
-        return check.e4m3_to_float(codes) * s.repeat_interleave(128, 2)
-    return one(c13, x13, 2 * n), one(c2, x2, k)
-
-
 @pytest.mark.parametrize("weights", ["mxfp4", "fp8"])
 def test_expert_reference_matches_float64(bench, weights):
     e, top_k, k, n, m = 4, 2, 256, 128, 3
     g = _gen(7)
     loaded = bench.loaded_experts(g, weights, e, k, n)
-    w13, w2 = _experts64(weights, loaded, k, n)
+    w13, w2 = check.experts_float64(weights, loaded, k, n)
     for ex in range(e):  # the per-expert dequantisation, exactly
         d13, d2 = bench.dequant_expert(check, weights, loaded, ex, k, n)
         assert torch.equal(d13.double(), w13[ex]) and torch.equal(d2.double(), w2[ex])
@@ -80,15 +65,10 @@ def test_expert_reference_matches_float64(bench, weights):
         torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
     tw = torch.softmax(torch.randn((m, top_k), generator=g), -1)
-    ref = torch.zeros(m, k, dtype=torch.float64)
-    clamped = 0
-    for t in range(m):
-        for j in range(top_k):
-            h = x[t].double() @ w13[int(ids[t, j])].T
-            clamped += int((h[:n] > 10).sum() + (h[n:].abs() > 10).sum())
-            gate, up = h[:n].clamp(max=10), h[n:].clamp(-10, 10)
-            ref[t] += tw[t, j].double() * ((gate * torch.sigmoid(gate) * up)
-                                           @ w2[int(ids[t, j])].T)
+    ref = check.moe_float64(x.double(), tw, ids, w13, w2)
+    h = torch.stack([x[t].double() @ w13[int(ids[t, j])].T
+                     for t in range(m) for j in range(top_k)])
+    clamped = int((h[:, :n] > 10).sum() + (h[:, n:].abs() > 10).sum())
     got = bench.moe_reference(check, weights, loaded, x, tw, ids, k, n)
     assert bench.rel_err(got, ref) < 1e-5
     assert clamped > 0

@@ -188,6 +188,48 @@ def e2m1_to_float(packed, k):
     return torch.stack([lut[p & 0xF], lut[p >> 4]], -1).reshape(*packed.shape[:-1], k)
 
 
+def experts_float64(weights: str, loaded, k: int, n: int):
+    """Loaded experts as meant, in float64: (w13 [E, 2N, K], w2 [E, K, N]) from ``loaded`` =
+    (w13, w2, w13 scales, w2 scales), uint8. ``weights`` "mxfp4": e2m1 pairs (low nibble
+    first), e8m0 bytes per 32 along K; "fp8": e4m3 codes, UE8M0 bytes per 128 x 128 block."""
+    import torch
+
+    a, b, sa, sb = loaded
+
+    def pow2(exps):
+        return torch.pow(2.0, exps.double() - 127)
+
+    if weights == "mxfp4":
+        return (e2m1_to_float(a, k) * pow2(sa).repeat_interleave(32, -1),
+                e2m1_to_float(b, n) * pow2(sb).repeat_interleave(32, -1))
+
+    def blocks(codes, exps):
+        s = pow2(exps).repeat_interleave(128, -2)[..., :codes.shape[-2], :]
+        return e4m3_to_float(codes) * s.repeat_interleave(128, -1)
+
+    return blocks(a, sa), blocks(b, sb)
+
+
+def moe_float64(x64, topk_w, topk_ids, w13_64, w2_64):
+    """V4's routed experts in float64: per expert, the rows routed to it through w13 [E, 2N, K],
+    SiLU of the gate clamped above at the swiglu limit times the up half clamped to +-limit,
+    w2 [E, K, N], weighted by ``topk_w`` and summed over the top-k."""
+    import torch
+
+    n = w2_64.shape[-1]
+    out = torch.zeros(x64.shape[0], w2_64.shape[-2], dtype=torch.float64, device=x64.device)
+    for ex in range(w13_64.shape[0]):  # the rows routed to each expert, as one product
+        t, j = torch.nonzero(topk_ids == ex, as_tuple=True)
+        if t.numel() == 0:
+            continue
+        h = x64[t] @ w13_64[ex].T
+        gate = h[:, :n].clamp(max=SWIGLU_LIMIT)
+        up = h[:, n:].clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+        y = (gate * torch.sigmoid(gate) * up) @ w2_64[ex].T
+        out.index_add_(0, t, y * topk_w[t, j].double()[:, None])
+    return out
+
+
 def silu_clamp_reference(input, limit):
     """silu(min(gate, limit)) * clamp(up, +-limit) in float32 (vLLM's stated contract:
     ``fused_moe/activation.py``, its XPU branch and the op's comment), rounded to the input's
@@ -273,8 +315,7 @@ def mxfp4_moe_weights(torch, g, e, k, n, form):
     # Scales that keep the intermediate values around the clamp (|x| ~ 1-30 at K 4096).
     s13 = torch.randint(118, 122, (e, 2 * n, k // 32), dtype=torch.uint8, generator=g)
     s2 = torch.randint(118, 122, (e, k, n // 32), dtype=torch.uint8, generator=g)
-    w13_64 = e2m1_to_float(w13, k) * torch.pow(2.0, s13.double() - 127).repeat_interleave(32, -1)
-    w2_64 = e2m1_to_float(w2, n) * torch.pow(2.0, s2.double() - 127).repeat_interleave(32, -1)
+    w13_64, w2_64 = experts_float64("mxfp4", (w13, w2, s13, s2), k, n)
     l13, ls13 = w13, s13
     if form.endswith("swapped"):
         l13 = torch.cat([w13[:, n:], w13[:, :n]], 1)
@@ -306,11 +347,11 @@ def fp8_moe_weights(torch, g, e, k, n):
         codes = random_codes(g, e * rows, cols).view(e, rows, cols)
         exps = torch.randint(116, 120, (e, -(-rows // 128), cols // 128), dtype=torch.uint8,
                              generator=g)
-        s64 = torch.pow(2.0, exps.double() - 127).repeat_interleave(128, 1)[:, :rows]
-        return codes, exps, e4m3_to_float(codes) * s64.repeat_interleave(128, 2)
+        return codes, exps
 
-    c13, x13, w13_64 = one(2 * n, k)
-    c2, x2, w2_64 = one(k, n)
+    c13, x13 = one(2 * n, k)
+    c2, x2 = one(k, n)
+    w13_64, w2_64 = experts_float64("fp8", (c13, c2, x13, x2), k, n)
     return w13_64, w2_64, prepare_fp8_experts(torch, c13.to(DEVICE), c2.to(DEVICE),
                                               x13.to(DEVICE), x2.to(DEVICE))
 
@@ -344,17 +385,7 @@ def moe_case(torch, g, name):
     apply = marlin_experts(prepared, "fp8" if form == "fp8-block" else "mxfp4")
 
     def reference(x64, topk_w, topk_ids):
-        out = torch.zeros(x64.shape[0], k, dtype=torch.float64)
-        for ex in range(e):  # the rows routed to each expert, as one product
-            t, j = torch.nonzero(topk_ids == ex, as_tuple=True)
-            if t.numel() == 0:
-                continue
-            h = x64[t] @ w13_64[ex].T
-            gate = h[:, :n].clamp(max=SWIGLU_LIMIT)
-            up = h[:, n:].clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
-            y = (gate * torch.sigmoid(gate) * up) @ w2_64[ex].T
-            out.index_add_(0, t, y * topk_w[t, j].double()[:, None])
-        return out
+        return moe_float64(x64, topk_w, topk_ids, w13_64, w2_64)
 
     return apply, reference
 
