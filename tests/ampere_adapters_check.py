@@ -129,6 +129,7 @@ def main():
             {"layer.attn": SimpleNamespace(slot_mapping=a["kv_slot_mapping"])}, {})
         res[f"compressor_c{ratio}"] = compare_fp8_bytes(case.raw, want_bytes, case)
     res["indexer_decode_adapter"] = check_indexer_decode_adapter()
+    res["indexer_profile"] = check_indexer_profile_reservation()
     print("RESULT " + json.dumps(res))
 
 
@@ -174,6 +175,77 @@ def check_indexer_decode_adapter():
         for i in range(NN):
             ok &= {j for j in buf[b * NN + i].tolist() if j >= 0} == want[i]
     return ok
+
+
+def check_indexer_profile_reservation():
+    """The profile run (no attention metadata) of AmpereSparseAttnIndexer: it reserves vLLM's
+    gather workspace and allocates one dummy of ``profile_scratch_bytes`` (what a prefill of
+    the profile's tokens or an eager decode of ``max_decode_rows`` takes,
+    ``deepinfer_sm80.ampere.indexer_memory``), for V4 and for V4.1's candidate layers, with a
+    1M-token context (262,144 compressed positions at ratio 4)."""
+    from deepinfer_sm80.ampere import indexer_memory as IM
+
+    mi = sys.modules[f"{NV}.ampere_indexer"]
+    tokens, H, D, topk, cbs, cand_k = 8192, 64, 128, 512, 8, 2048
+    cols = (1 << 20) // 4
+    requested, allocated = [], []
+
+    class Workspace:
+        def get_simultaneous(self, *specs):
+            requested.append([list(shape) for shape, _ in specs])
+
+    real_empty = torch.empty
+
+    def empty(*size, **kw):  # records the 1-D byte dummies, allocates nothing for them
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        if kw.get("dtype") == torch.uint8 and len(shape) == 1 and not kw.get("out"):
+            allocated.append(int(shape[0]))
+            return real_empty(0, dtype=torch.uint8)
+        return real_empty(*size, **kw)
+
+    def run(candidates, max_decode_rows):
+        op = object.__new__(mi.AmpereSparseAttnIndexer)
+        torch.nn.Module.__init__(op)
+        op.k_cache = SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=torch.tensor([]),
+                                     cache_config=SimpleNamespace(block_size=256))
+        op.compress_ratio, op.topk_tokens, op.head_dim = 4, topk, D
+        op.max_model_len, op.max_total_seq_len = cols, 5 * 8 * cols
+        op.topk_indices_buffer = real_empty((tokens, topk), dtype=torch.int32)
+        op.max_decode_rows = max_decode_rows
+        if candidates:
+            op.candidate_blocks = real_empty((tokens, cand_k), dtype=torch.int32)
+            op.candidate_block_size, op.candidate_write = cbs, candidates == "write"
+        requested.clear()
+        allocated.clear()
+        saved = mi.get_forward_context, mi.current_workspace_manager
+        mi.get_forward_context = lambda: SimpleNamespace(attn_metadata=None)
+        mi.current_workspace_manager = lambda: Workspace()
+        torch.empty = empty
+        try:
+            got = op._forward(real_empty((tokens, 16)), real_empty((tokens, H, D)), None,
+                              real_empty((tokens, H)))
+        finally:
+            torch.empty = real_empty
+            mi.get_forward_context, mi.current_workspace_manager = saved
+        return op, got, list(requested), list(allocated)
+
+    out = {}
+    for candidates in (None, "write", "mask"):
+        for rows in (256 * 6, 0):
+            op, got, req, alloc = run(candidates, rows)
+            cand = {} if not candidates else dict(candidate_k=cand_k, candidate_block_size=cbs,
+                                                  candidate_write=candidates == "write")
+            dec_rows = rows or tokens
+            out[f"{candidates}/{rows}"] = {
+                "returns_buffer": got is op.topk_indices_buffer,
+                "workspace": req,
+                "dummies": alloc,
+                "prefill_bound": IM.prefill_scratch_bytes(
+                    tokens, H, op.max_total_seq_len, topk, sm_count=0, row_columns=cols, **cand),
+                "decode_bound": IM.decode_scratch_bytes(dec_rows, H, cols, 64, topk, sm_count=0,
+                                                        **cand),
+            }
+    return out
 
 
 if __name__ == "__main__":

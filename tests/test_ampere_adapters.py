@@ -140,3 +140,31 @@ def test_indexer_regroups_a_flattened_uniform_decode(v41_results, mode):
     mixed = v41_results[f"indexer_candidates_{mode}_flattened_mixed"]
     assert flat["ok"] and flat["rows_shape"] == [[3, 2]], flat
     assert mixed["ok"] and mixed["rows_shape"] == [[6, 1]], mixed
+
+
+def test_indexer_profile_run_reserves_its_scratch(results):
+    """vLLM sizes the KV cache from the profile run's peak: the Ampere indexer's profile branch
+    must allocate what its steps later take (upstream allocates its logits budget there).
+    The dummy covers a prefill of the profile's tokens and an eager decode of
+    ``max_decode_rows`` rows (all tokens when unknown); V4.1's candidate-source layer needs
+    more than V4's or a masking layer's."""
+    got = results["indexer_profile"]
+    for key, r in got.items():
+        assert r["returns_buffer"], key
+        assert r["workspace"] == [[[5 * 8 * 65536 * 4, 128], [5 * 8 * 65536 * 4, 4]]], key
+        assert len(r["dummies"]) == 1, (key, r["dummies"])
+        n = r["dummies"][0]
+        assert n >= r["prefill_bound"] and n >= r["decode_bound"], (key, r)
+        # no more than the larger step and a padded decode's packed copies (q codes and
+        # weights, top-k and candidate rows): not a sum over layers or steps
+        rows = int(key.split("/")[1]) or 8192
+        k = 2048 if not key.startswith("None") else 0
+        packed = rows * (512 * 4 + 64 * (128 + 4) + 2 * k * 4)
+        assert n <= max(r["prefill_bound"], r["decode_bound"]) + packed, (key, r)
+    # candidate keys, one per (row, 8-position block) of 262,144 positions: 256 KB a row
+    for rows in ("1536", "0"):
+        write, mask, v4 = (got[f"{c}/{rows}"]["dummies"][0] for c in ("write", "mask", "None"))
+        assert write >= mask + 1536 * 32768 * 8 > mask >= v4, (rows, write, mask, v4)
+    # a step's decode rows bound the eager decode: fewer rows, less scratch
+    assert got["write/1536"]["dummies"][0] < got["write/0"]["dummies"][0]
+    assert got["None/1536"]["dummies"][0] <= got["None/0"]["dummies"][0]

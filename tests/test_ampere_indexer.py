@@ -238,3 +238,53 @@ def test_cuda_merges_pass_the_window_and_best_or_concatenate(monkeypatch):
     assert calls[0][2]["best"] is best and calls[0][2]["hi"] is hi and calls[0][2]["col0"] == 7
     # the windowed merge runs in place (out is the running best); the concatenating ones do not
     assert outs[0] is best and outs[1] is None and outs[2] is None
+
+
+def test_scratch_bounds_follow_the_extension_row_topk_split_rule():
+    """``indexer_memory`` (what the vLLM adapter reserves in the profile run) counts the row
+    top-k's split workspace by csrc/index/row_topk.cu's rule: windows longer than kStageMax
+    keys, at most a quarter as many rows as SMs."""
+    import re
+
+    from deepinfer_sm80.ampere import indexer_memory as IM
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = open(os.path.join(root, "csrc", "index", "row_topk.cu")).read()
+    stage = int(re.search(r"constexpr int kStageMax = (\d+);", src).group(1))
+    assert stage == IM.ROW_TOPK_STAGE_MAX
+    assert "p.n <= kStageMax || p.rows <= 0 || 4 * p.rows > sm_count" in src
+    s = IM.ROW_TOPK_STAGE_MAX
+    assert IM.row_topk_split_bytes(27, s + 1, 512, 108) == 27 * 2 * 512 * 8
+    assert IM.row_topk_split_bytes(28, s + 1, 512, 108) == 0
+    assert IM.row_topk_split_bytes(1, s, 512, 108) == 0
+    # a decode of one row over 262,144 positions: one tile, split in 32 chunks
+    one = IM.decode_scratch_bytes(1, 64, 262144, 64, 512, sm_count=108)
+    assert one >= 262144 * 8 + 32 * 512 * 8
+
+
+def test_scratch_bounds_cover_the_tile_buffers_and_candidate_keys():
+    """The decode bound holds the key tile decode_topk allocates ([rows, min(tile, columns)]
+    int64) and the running best; the candidate-source step adds one int64 key per (row,
+    block), the torch form (tiles not made of whole blocks) more; prefill holds its shared
+    key buffer and one row chunk's state."""
+    from deepinfer_sm80.ampere import indexer_memory as IM
+
+    for rows in (1, 64, 256, 1536):
+        tile = min(I.decode_tile_cols(rows, 64, I.decode_tile_budget(rows)), 262144)
+        base = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108)
+        assert base >= rows * tile * 8 + 2 * rows * 512 * 8
+        write = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108, candidate_k=2048,
+                                        candidate_block_size=8, candidate_write=True)
+        assert write - base >= rows * 32768 * 8
+        mask = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108, candidate_k=2048,
+                                       candidate_block_size=8)
+        assert mask == base  # the kernels mask the key tile in place
+        odd = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108, candidate_k=2048,
+                                      candidate_block_size=96)
+        assert odd > base
+    pre = IM.prefill_scratch_bytes(8192, 64, 1 << 22, 512, sm_count=108)
+    assert pre >= I.DEFAULT_TILE_BUDGET + 2 * 256 * 512 * 8
+    assert pre < 2 * I.DEFAULT_TILE_BUDGET  # one key buffer, whatever the workspace length
+    cand = IM.prefill_scratch_bytes(8192, 64, 1 << 22, 512, sm_count=108, row_columns=262144,
+                                    candidate_k=2048, candidate_block_size=8, candidate_write=True)
+    assert cand - pre >= 256 * 32768 * 8

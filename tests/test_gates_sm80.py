@@ -274,6 +274,10 @@ def test_v41_ampere_layers_build_and_their_warmups_compile_on_sm8x(trees, deps, 
         assert layers[str(i)]["indexer"] == "DeepseekV41AmpereIndexer"
         assert layers[str(i)]["scorer"] == "AmpereSparseAttnIndexer"
     assert [layers[str(i)]["candidates"] for i in (1, 3, 4)] == [None, "write", "mask"]
+    # the scorers know a step's decode rows (their profile-run reservation sizes the eager
+    # decode by it): vLLM's default max_num_seqs, no speculative tokens
+    rows = {layers[str(i)]["max_decode_rows"] for i in (1, 3, 4)}
+    assert len(rows) == 1 and rows.pop() > 0, layers
     assert all(layers[str(i)]["indexer"] is None for i in (0, 2, 5, 6, 7))
     warm = got["warmups"]
     assert len(warm) >= 4, warm

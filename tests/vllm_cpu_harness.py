@@ -970,6 +970,7 @@ def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
                 "scorer": type(op).__name__ if op is not None else None,
                 "candidates": None if op is None or op.candidate_blocks is None else
                 ("write" if op.candidate_write else "mask"),
+                "max_decode_rows": None if op is None else op.max_decode_rows,
                 "padded_heads": layer.padded_heads}
     return out
 

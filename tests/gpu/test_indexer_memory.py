@@ -9,6 +9,9 @@ does not grow with the columns (the running best, k keys a row), and, for DeepSe
 candidate step, one key per (row, candidate block). A score or key buffer as wide as the table
 ([rows, 262,144] int64: 537 MB at 256 rows) fails these bounds by far.
 
+Each peak must also lie within ``deepinfer_sm80.ampere.indexer_memory``'s bound for the call,
+which the vLLM adapter allocates in the profiling pass so that vLLM's KV-cache budget counts it.
+
 Measured with ``torch.cuda.max_memory_allocated`` around a second call (the first loads the
 extension and compiles); inputs and outputs are allocated before the measurement."""
 from __future__ import annotations
@@ -20,6 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
 
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
+from deepinfer_sm80.ampere import indexer_memory as IM  # noqa: E402
 
 import indexer_cases as IC  # noqa: E402
 
@@ -33,6 +37,10 @@ CBS, CAND_K = 8, 2048  # DeepSeek-V4.1's candidate blocks: 8 compressed position
 @pytest.fixture(autouse=True)
 def _built(ext):
     return ext
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def _peak(fn):
@@ -80,6 +88,11 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     elif candidates == "mask-torch":
         bound += rows * (total // cbs + 1) + I.decode_tile_budget(rows) // 8
     assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
+    # what the vLLM adapter's profile run reserves for such a step (indexer_memory)
+    cand = {} if candidates is None else dict(candidate_k=CAND_K, candidate_block_size=cbs,
+                                              candidate_write=candidates == "write")
+    scratch = IM.decode_scratch_bytes(rows, H, total, BS, K, sm_count=_sms(), **cand)
+    assert peak <= scratch + SLACK, f"{peak} bytes above the inputs, profile bound {scratch}"
     if rows * total * 8 > 4 * bound:  # (B = 1: the whole table is one tile within the budget)
         assert peak < rows * total * 8 // 2  # far from a table-wide key buffer
     got = out.cpu()
@@ -110,4 +123,9 @@ def test_prefill_topk_temporaries_within_the_tile_budget(rng, row_chunk, tile_bu
     if candidates == "write":
         bound += row_chunk * (-(-Nk // cbs)) * 8 + row_chunk * 4
     assert peak <= bound, f"{peak} bytes above the inputs, bound {bound}"
+    cand = {} if candidates is None else dict(candidate_k=CAND_K, candidate_block_size=cbs,
+                                              candidate_write=True)
+    scratch = IM.prefill_scratch_bytes(T, H, Nk, K, sm_count=_sms(), row_chunk=row_chunk,
+                                       tile_budget=tile_budget, **cand)
+    assert peak <= scratch + SLACK, f"{peak} bytes above the inputs, profile bound {scratch}"
     assert (out.cpu()[:, 0] >= 0).all()

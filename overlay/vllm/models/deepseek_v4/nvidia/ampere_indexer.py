@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 
 from deepinfer_sm80.ampere import indexer as ampere_indexer
+from deepinfer_sm80.ampere import indexer_memory
 from deepinfer_sm80.triton_writers import indexer_q_rope_quant
 from vllm import _custom_ops as ops
 from vllm.config import get_current_vllm_config
@@ -62,6 +63,8 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
     candidate_blocks: torch.Tensor | None = None
     candidate_block_size = 0
     candidate_write = False
+    # decode rows of one step (max_num_seqs x (1 + speculative tokens)); 0: as many as tokens
+    max_decode_rows = 0
 
     def __init__(self, k_cache, quant_block_size: int, scale_fmt: str, topk_tokens: int,
                  head_dim: int, max_model_len: int, max_total_seq_len: int,
@@ -95,9 +98,44 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
         self.candidate_block_size = candidate_block_size
         self.candidate_write = candidate_write
         self.dense_mha_metadata_layer_name = ""
-        parallel = get_current_vllm_config().parallel_config
+        cfg = get_current_vllm_config()
+        parallel = cfg.parallel_config
         if parallel.decode_context_parallel_size > 1 or parallel.prefill_context_parallel_size > 1:
             raise ValueError("DeepSeek-V4 on SM80: context parallelism is not supported")
+        spec = cfg.speculative_config
+        n_spec = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+        max_seqs = int(getattr(cfg.scheduler_config, "max_num_seqs", 0) or 0)
+        self.max_decode_rows = max_seqs * (1 + n_spec)
+
+    def profile_scratch_bytes(self, tokens: int, heads: int, device: torch.device) -> int:
+        """The most memory one step of this indexer takes beyond its inputs, outputs and
+        vLLM's workspace: a prefill of ``tokens`` rows over the gathered workspace, or an eager
+        decode (no CUDA graph: larger than the captured sizes, or enforce_eager) of up to
+        ``max_decode_rows`` rows over a block table as wide as max_model_len, whichever is
+        larger (``deepinfer_sm80.ampere.indexer_memory``); a padded decode's packed copies
+        counted too."""
+        device = torch.device(device)
+        sms = (ampere_indexer._sm_count(ampere_indexer._cuda_index(device))
+               if device.type == "cuda" else 0)
+        cand = {}
+        if self.candidate_blocks is not None:
+            cand = dict(candidate_k=self.candidate_blocks.shape[1],
+                        candidate_block_size=self.candidate_block_size,
+                        candidate_write=self.candidate_write)
+        ratio = max(1, getattr(self, "compress_ratio", 1))
+        cache_cfg = getattr(self.k_cache, "cache_config", None)
+        page = max(1, getattr(cache_cfg, "block_size", 64) // ratio)  # compressed entries
+        columns = -(-self.max_model_len // page) * page  # the decode block table's width
+        topk = self.topk_tokens
+        prefill = indexer_memory.prefill_scratch_bytes(
+            tokens, heads, self.max_total_seq_len, topk, sm_count=sms,
+            row_columns=self.max_model_len, **cand)
+        rows = min(tokens, self.max_decode_rows) if self.max_decode_rows else tokens
+        decode = indexer_memory.decode_scratch_bytes(rows, heads, columns, page, topk,
+                                                     sm_count=sms, **cand)
+        k = cand.get("candidate_k", 0)
+        decode += rows * (topk * 4 + heads * (self.head_dim + 4) + 2 * k * 4)  # packed copies
+        return max(prefill, decode)
 
     def _candidates(self, r0: int, r1: int) -> ampere_indexer.CandidateStep | None:
         """The candidate step for token rows [r0, r1): prefill chunk rows, unpadded decode
@@ -118,11 +156,15 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
         buf = self.topk_indices_buffer
         md = get_forward_context().attn_metadata
         if not isinstance(md, dict):
-            # Profile run: reserve the prefill gather workspace.
+            # Profile run: reserve the prefill gather workspace, and let the memory profile see
+            # the scoring's scratch (upstream allocates its logits budget here the same way).
             current_workspace_manager().get_simultaneous(
                 ((self.max_total_seq_len, self.head_dim), torch.uint8),
                 ((self.max_total_seq_len, 4), torch.uint8),
             )
+            n = self.profile_scratch_bytes(hidden_states.shape[0], weights.shape[-1],
+                                           hidden_states.device)
+            _ = torch.empty(n, dtype=torch.uint8, device=hidden_states.device)
             return buf
         m = cast(DeepseekV32IndexerMetadata, md[self.k_cache.prefix])
         kv_cache = self.k_cache.kv_cache
