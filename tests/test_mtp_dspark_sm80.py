@@ -57,6 +57,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+import triton_smem  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 
 AMPERE_CLS = "vllm.models.deepseek_v4.nvidia.ampere_sparse.DeepseekV4AmpereSparseAttention"
@@ -435,7 +436,11 @@ def _compile_keys(owner: Any, keys: list[Any], capability: int) -> dict[str, Any
     try:
         for key in keys:
             try:
-                owner.compile(key)
+                with triton_smem.recording() as made:
+                    owner.compile(key)
+                over = [m for m in (triton_smem.over_limit(k, capability) for k in made) if m]
+                if over:  # what Triton's launcher would raise on such a GPU
+                    raise RuntimeError(over[0])
                 entry["compiled"] += 1
             except Exception as exc:
                 msg = _message(exc)
@@ -553,8 +558,11 @@ def _compile_bare(fn: Any, short: str, capability: int,
             else:
                 sig[name] = "i32"
         try:
-            triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                           target=GPUTarget("cuda", capability, 32))
+            kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                                    target=GPUTarget("cuda", capability, 32))
+            over = triton_smem.over_limit(kernel, capability)
+            if over:  # what Triton's launcher would raise on such a GPU
+                raise RuntimeError(over)
             entry["compiled"] += 1
         except Exception as exc:
             msg = _message(exc)

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import triton_smem
+
 #: The patch set under test: the pin, or another set in patches/ (e.g. a rebase candidate) by
 #: ``DEEPINFER_TEST_VLLM=<version>``.
 VLLM_VERSION = os.environ.get("DEEPINFER_TEST_VLLM", "0.33.0")
@@ -758,13 +760,16 @@ def _triton_aot(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
+    cap = _CAPABILITY[0] * 10 + _CAPABILITY[1]
+    target = GPUTarget("cuda", cap, 32)
     try:
         kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
                                 target=target, options={"num_warps": num_warps})
     except Exception as exc:
         return str(exc).strip().splitlines()[-1][:200]
-    return "ok" if kernel.asm.get("cubin") else "no cubin"
+    if not kernel.asm.get("cubin"):
+        return "no cubin"
+    return triton_smem.over_limit(kernel, cap) or "ok"
 
 
 def probe_short_context_topk_aot() -> dict[str, Any]:
@@ -864,11 +869,22 @@ def probe_warmup_aot() -> dict[str, Any]:
 
 def _compile_each(kernel: Any, keys: Any, entry: dict[str, Any]) -> None:
     """``kernel.compile(key)`` for each key (vLLM's compile-only warmup), counted into
-    ``entry`` ("keys", "compiled", and the first three failures' last lines)."""
+    ``entry`` ("keys", "compiled", and the first three failures' last lines). A Triton kernel
+    that needs more shared memory than a block of the probed capability gets (what Triton's
+    launcher would refuse at the first launch: ``triton_smem``) counts as failed; "shared" is
+    the most any of them needs."""
+    cap = _CAPABILITY[0] * 10 + _CAPABILITY[1]
+    entry.setdefault("shared", 0)
     for key in keys:
         entry["keys"] += 1
         try:
-            kernel.compile(key)
+            with triton_smem.recording() as made:
+                kernel.compile(key)
+            entry["shared"] = max([entry["shared"]] + [
+                int(getattr(k.metadata, "shared", 0) or 0) for k in made])
+            over = [m for m in (triton_smem.over_limit(k, cap) for k in made) if m]
+            if over:
+                raise RuntimeError(f"{over[0]} (key {key!r})")
             entry["compiled"] += 1
         except Exception as exc:
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
@@ -1204,8 +1220,8 @@ def probe_inv_rope_aot() -> dict[str, Any]:
     for cc in (80, 86):
         for quantize in (False, True):
             try:
-                compile_for(cc, quantize, False)
-                out[f"sm{cc}/quantize={quantize}"] = "ok"
+                kernel = compile_for(cc, quantize, False)
+                out[f"sm{cc}/quantize={quantize}"] = triton_smem.over_limit(kernel, cc) or "ok"
             except Exception as exc:
                 msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
                 out[f"sm{cc}/quantize={quantize}"] = f"fails: {type(exc).__name__}: {msg}"[:160]
@@ -1340,10 +1356,9 @@ def probe_v41_fp8_aot() -> dict[str, Any]:
         src = ASTSource(fn=kernel, signature=ordered, constexprs=consts)
         return triton.compile(src, target=GPUTarget("cuda", cc, 32))
 
-    def attempt(fn) -> str:
+    def attempt(fn, cc: int) -> str:
         try:
-            fn()
-            return "ok"
+            return triton_smem.over_limit(fn(), cc) or "ok"
         except Exception as exc:
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
             return f"fails: {type(exc).__name__}: {msg}"[:160]
@@ -1358,9 +1373,9 @@ def probe_v41_fp8_aot() -> dict[str, Any]:
             codec = (param, fp8.e4m3_encode if param == "FP8_ENCODE" else fp8.e4m3_decode)
         for cc in (80, 86):
             out[f"{label}/sm{cc}/hardware"] = attempt(
-                lambda: compile_for(kernel, sig, consts, cc, None))
+                lambda: compile_for(kernel, sig, consts, cc, None), cc)
             out[f"{label}/sm{cc}/soft"] = (attempt(
-                lambda: compile_for(kernel, sig, consts, cc, codec))
+                lambda: compile_for(kernel, sig, consts, cc, codec), cc)
                 if has_param else "no parameter")
         out[f"{label}/sm90"] = _ptx_code(
             compile_for(kernel, sig, consts, 90, None).asm["ptx"])
