@@ -16,7 +16,8 @@ OPS = L.resolve_ops("cpu")
 
 
 @pytest.mark.parametrize("ratio,seq_lens,next_n", [
-    (4, [2300, 700], 1), (4, [2305], 6), (128, [1000, 300], 6), (1, [200, 90], 1)])
+    (4, [2300, 700], 1), (4, [2305], 6), (128, [1000, 300], 6), (1, [200, 90], 1),
+    (4, [1900, 611], 8)])  # 8 rows: DSpark's 7 draft tokens (upstream's recipe)
 def test_decode_step_matches_oracle(ratio, seq_lens, next_n):
     w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=8, device="cpu", seed=ratio)
     md = C.decode_metadata(w, next_n)
@@ -41,7 +42,8 @@ def test_prefill_chunk_matches_oracle(ratio, seq_lens, qlens):
     assert worst <= 2e-2, worst
 
 
-@pytest.mark.parametrize("ratio,seq_lens,next_n", [(1, [700, 300], 1), (2, [1500], 6)])
+@pytest.mark.parametrize("ratio,seq_lens,next_n", [(1, [700, 300], 1), (2, [1500], 6),
+                                                   (1, [650, 130], 8)])
 def test_v41_decode_step_matches_oracle(ratio, seq_lens, next_n):
     """DeepSeek-V4.1 ratios: a compressed region at ratio 1 and 2, entries chosen by a
     supplied top-k (the global-index path with compressed_path="topk")."""

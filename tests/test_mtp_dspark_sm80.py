@@ -13,7 +13,7 @@ tree imported with a CUDA platform mocked to 8.0 and 8.6 (tests/vllm_cpu_harness
    ``JITFunction`` and every vLLM JIT-kernel owner defined there, and keeps those whose
    name the MTP/DSpark path files reference (:data:`PATH_MODULES`). Each owner's
    compile keys come from vLLM's own ``get_warmup_keys`` with the draft's dimensions
-   (window 128, SWA block 64, 1..5 speculative tokens, hidden 4096, hc_mult 4), and
+   (window 128, SWA block 64, 1..7 speculative tokens, hidden 4096, hc_mult 4), and
    each key is compiled ahead of time for the probed capability through vLLM's
    warmup path with a Triton driver that reports that target and launches nothing.
    Triton helpers are compiled inside their callers. Kernels launched bare from
@@ -92,7 +92,9 @@ PATH_MODULES = (
     "vllm.v1.worker.gpu.spec_decode.dflash.speculator",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
 )
-NUM_SPEC_TOKENS = (1, 2, 3, 4, 5)  # up to 6 query rows per request
+#: Up to 8 query rows per request: DSpark drafts 7 tokens in upstream's DeepSeek-V4-Flash
+#: recipe (recipes/models/deepseek-ai/DeepSeek-V4-Flash.yaml), MTP 1-2.
+NUM_SPEC_TOKENS = (1, 2, 3, 4, 5, 6, 7)
 #: Values for ``get_warmup_keys`` parameters, by name (lists: every value).
 WARMUP_ARGS: dict[str, list[Any]] = {
     "window_size": [128], "block_size": [64], "num_speculative_tokens": list(NUM_SPEC_TOKENS),
@@ -170,7 +172,7 @@ if "pytest" in sys.modules:
         for qual, entry in owners.items():
             assert entry["keys"] > 0 and entry["compiled"] == entry["keys"], (qual, entry)
         dspark = next(e for q, e in owners.items() if q.endswith("NONCAUSAL_SWA_INDICES_KERNEL"))
-        # 128-token window + up to 5 draft tokens, padded to the 64 alignment
+        # 128-token window + up to 7 draft tokens, padded to the 64 alignment
         assert "index_width=192" in dspark["sample_key"], dspark
         mtp_norm = next(e for q, e in owners.items() if q.endswith("_MTP_INPUT_RMSNORM_KERNEL"))
         assert mtp_norm["keys"] == len(HIDDEN_SIZES), mtp_norm

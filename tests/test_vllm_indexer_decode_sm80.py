@@ -26,6 +26,8 @@ import vllm_builder_check as checks
 #: decode, the row counts of the prefill_topk calls: one per prefill chunk).
 EXPECTED = {
     "flat_uniform_c4": ([3, 6], True, []),
+    "flat_uniform_c4_k7": ([2, 8], True, []),
+    "v41_flat_uniform_c1_mask_k7": ([3, 8], True, []),
     "flat_variable_c4": ([15, 1], True, []),
     "flat_padded_c4": ([12, 1], True, []),
     "native2_c4": ([3, 2], False, []),

@@ -38,6 +38,10 @@ import vllm_cpu_harness as harness  # noqa: E402
 CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
     # DSpark / MTP with 5 draft tokens: next_n 6 > 2 is flattened below SM90.
     "flat_uniform_c4": (5, 4, 256, None, [(1000, 6), (411, 6), (777, 6)]),
+    # DSpark with 7 draft tokens (upstream's recipe default for DeepSeek-V4-Flash): next_n 8,
+    # the most rows per request the regrouping and the scorer's rows kernel take.
+    "flat_uniform_c4_k7": (7, 4, 256, None, [(1000, 8), (411, 8)]),
+    "v41_flat_uniform_c1_mask_k7": (7, 1, 128, "mask", [(300, 8), (97, 8), (520, 8)]),
     # A request with fewer tokens (short extend counted as a decode): variable flattening.
     "flat_variable_c4": (5, 4, 256, None, [(1000, 6), (203, 3), (777, 6)]),
     # Padding requests (query length 0, seq_len 0), as in a CUDA-graph padded batch.

@@ -55,7 +55,7 @@ DECODE = [
 
 
 @pytest.mark.parametrize("heads", [64, 8])
-@pytest.mark.parametrize("next_n", [1, 6])
+@pytest.mark.parametrize("next_n", [1, 6, 8])
 @pytest.mark.parametrize("ratio,seq_lens", DECODE)
 def test_decode_step(ratio, seq_lens, next_n, heads):
     w = C.build_world(ratio=ratio, seq_lens=seq_lens, heads=heads, device="cuda",
@@ -101,7 +101,7 @@ V41_PREFILL = [(1, [1700, 150, 600], [300, 150, 33]), (2, [3000, 260, 129], [700
 
 
 @pytest.mark.parametrize("heads", [64, 8])
-@pytest.mark.parametrize("next_n", [1, 6])
+@pytest.mark.parametrize("next_n", [1, 6, 8])
 @pytest.mark.parametrize("ratio,seq_lens", V41_DECODE)
 def test_v41_decode_step(ratio, seq_lens, next_n, heads):
     """DeepSeek-V4.1's ratios 1 and 2 (compressed region, supplied top-k) on SM80 code."""

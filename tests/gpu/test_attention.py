@@ -183,7 +183,7 @@ def test_decode_dspark_noncausal_block_width_192(cap, heads):
 
 @pytest.mark.parametrize("cap", list(CAPS.values()), ids=list(CAPS))
 @pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("rows", [1, 6, 8])
 def test_decode_heads_rows(cap, heads, rows):
     _decode_case(num_req=3, rows=rows, heads=heads, swa_only=False, lens_kind="mixed",
                  big_slots=False, sink_kind="finite", cap=cap)
