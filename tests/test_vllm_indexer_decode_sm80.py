@@ -63,8 +63,30 @@ def results():
     return checks.run_check("vllm_indexer_decode_check.py", checks.applied_tree())
 
 
+#: The random batches of vllm_indexer_decode_check.fuzz_cases (names only: their shapes are
+#: whatever vLLM's builder makes of them).
+FUZZ = [f"fuzz_{i:02d}" for i in range(12)]
+
+
 def test_every_case_ran(results):
-    assert sorted(results) == sorted(EXPECTED)
+    assert sorted(results) == sorted(list(EXPECTED) + FUZZ)
+
+
+@pytest.mark.parametrize("case", FUZZ)
+def test_random_batches_match_the_oracle(results, case):
+    """Random compositions of decodes (0-7 draft tokens, short ones among them), prefills
+    (vLLM's chunks and query slices) and padding requests, V4 and V4.1: every token's top-k
+    (or candidate row) equal to the float64 oracle, every token written, rows past the batch
+    -1. (Shared with the GPU variant.)"""
+    check_fuzz_case(results, case)
+
+
+def check_fuzz_case(results, case):
+    r = results[case]
+    assert "error" not in r, r
+    b = r["builder"]
+    assert r["ok"] and not r["bad_rows"], r
+    assert r["rows"] == b["num_decode_tokens"] + sum(r["prefill_calls"]) > 0, r
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))

@@ -89,6 +89,47 @@ CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
 #: Environment of a case while vLLM builds its metadata (read by vllm.envs at build time).
 CASE_ENV = {"prefill_query_split_c4": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"},
             "prefill_two_chunks_c4": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"}}
+
+
+def fuzz_cases(n: int = 12, seed: int = 20261205) -> dict[str, tuple]:
+    """``n`` random batches, the same on every run (``seed``), in the order vLLM's scheduler
+    gives them (decodes, then prefills; CUDA-graph padding requests only after a decode-only
+    batch): 0-7 speculative tokens, V4's C4 indexer or V4.1's with the candidate step, up to
+    five decodes (most of them the full 1 + k tokens) and up to three prefills (fresh or
+    after a prefix, up to 4,000 tokens of context) within max_num_batched_tokens. Every second
+    batch is built with a 1 MB logits budget, so that vLLM splits its prefills into several
+    chunks and query slices. Other ports' silent corruptions came from batch compositions no
+    hand-written case had (docs/field-notes of the project's brief)."""
+    import random
+
+    rnd = random.Random(seed)
+    layers = ((4, 256, None), (4, 256, None), (2, 128, "write"), (1, 128, "write"),
+              (1, 128, "mask"), (2, 128, "mask"))
+    out: dict[str, tuple] = {}
+    for i in range(n):
+        k = rnd.choice((0, 1, 3, 5, 7))
+        ratio, page, cand = rnd.choice(layers)
+        reqs: list[tuple[int, int]] = []
+        tokens = 0
+        for _ in range(rnd.randint(0, 5)):
+            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
+            reqs.append((rnd.randint(q, 4000), q))
+            tokens += q
+        prefills = rnd.randint(0 if reqs else 1, 3)
+        for _ in range(prefills):
+            q = rnd.randint(k + 2, max(k + 2, min(400, 1000 - tokens)))
+            reqs.append((rnd.randint(q, 4000), q))
+            tokens += q
+        if not prefills and rnd.random() < 0.5:
+            reqs += [(0, 0)] * rnd.randint(1, 2)
+        out[f"fuzz_{i:02d}"] = (k, ratio, page, cand, reqs)
+    return out
+
+
+FUZZ_CASES = fuzz_cases()
+CASES.update(FUZZ_CASES)
+CASE_ENV.update({name: {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"}
+                 for i, name in enumerate(sorted(FUZZ_CASES)) if i % 2})
 #: Cases whose metadata is built with split_decodes_and_prefills(require_uniform=False).
 NON_UNIFORM_SPLIT = {"nonuniform_mixed_c4", "v41_nonuniform_mixed_c2_write",
                      "v41_nonuniform_mixed_c2_mask"}
@@ -245,7 +286,9 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
     torch.nn.Module.__init__(op)
     op.k_cache = types.SimpleNamespace(prefix="l.indexer.k_cache", kv_cache=pages.to(DEVICE))
     op.topk_indices_buffer, op.topk_tokens, op.head_dim = buf, TOPK, D
-    op.max_total_seq_len = 4096
+    # the gather workspace's rows, as the layer sizes it: the builder's prefill buffer (its
+    # chunks never hold more compressed entries)
+    op.max_total_seq_len = builder.max_prefill_buffer_size
     blocks = None
     if cand is not None:  # V4.1: the candidate-source indexer writes, later ones mask
         blocks = (torch.full((T + spare, CAND_BLOCKS), -7, dtype=torch.int32) if cand == "write"

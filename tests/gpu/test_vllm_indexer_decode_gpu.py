@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import vllm_builder_check as checks  # noqa: E402
-from test_vllm_indexer_decode_sm80 import EXPECTED, check_case  # noqa: E402
+from test_vllm_indexer_decode_sm80 import EXPECTED, FUZZ, check_case, check_fuzz_case  # noqa: E402
 import test_vllm_indexer_decode_sm80 as cpu  # noqa: E402,I001
 
 
@@ -35,6 +35,11 @@ def results(ext):
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_topk_on_cuda_matches_oracle_in_the_fast_shape(results, case):
     check_case(results, case)
+
+
+@pytest.mark.parametrize("case", FUZZ)
+def test_random_batches_on_cuda_match_the_oracle(results, case):
+    check_fuzz_case(results, case)
 
 
 @pytest.fixture(scope="module")
