@@ -134,6 +134,48 @@ CASES: dict[str, dict] = {
 }
 
 
+
+def fuzz_cases(n: int = 10, seed: int = 20261205) -> dict[str, dict]:
+    """``n`` random one-step batches, the same on every run (``seed``), in the order vLLM's
+    model runner lays them out (decodes, then prefills; CUDA-graph padding requests and their
+    padded tokens only after a decode-only batch): SWA-only, C4A or C128A layers, 0-7
+    speculative tokens, up to four decodes (most of them the full 1 + k tokens) and up to two
+    prefills (fresh or after a prefix, up to 4,000 tokens of context), within
+    max_num_batched_tokens; half of the batches with prefills planned in chunks of one
+    request (PREFILL_CHUNK_SIZE 1)."""
+    import random
+
+    rnd = random.Random(seed)
+    out: dict[str, dict] = {}
+    for i in range(n):
+        ratio, k = rnd.choice((1, 4, 128)), rnd.choice((0, 1, 3, 5, 7))
+        reqs: list[tuple[int, int]] = []
+        tokens = 0
+        for _ in range(rnd.randint(0, 4)):
+            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
+            reqs.append((rnd.randint(q, 4000), q))
+            tokens += q
+        prefills = rnd.randint(0 if reqs else 1, 2)
+        for _ in range(prefills):
+            q = rnd.randint(k + 2, max(k + 2, min(100, MAX_BATCHED - 16 - tokens)))
+            reqs.append((rnd.randint(q, 4000), q))
+            tokens += q
+        pad = 0
+        if not prefills and rnd.random() < 0.5:
+            extra = rnd.randint(1, 2)
+            reqs += [(0, 0)] * extra
+            pad = extra * (k + 1)
+        case = dict(ratio=ratio, spec=k, max_model_len=4096, steps=[(reqs, pad)])
+        if prefills and rnd.random() < 0.5:
+            case["chunk"] = 1
+        out[f"fuzz_{i:02d}"] = case
+    return out
+
+
+FUZZ_CASES = fuzz_cases()
+CASES.update(FUZZ_CASES)
+
+
 #: FULL CUDA-graph decode as vLLM's model runner (V2) drives it (``--graph``): captured
 #: with the runner's dummy batch for the graph's size (``InputBatch.make_dummy``: every
 #: request the same query length, seq_len = query length), built as
