@@ -62,8 +62,35 @@ def results():
     return checks.run_check("vllm_v41_attention_check.py", checks.applied_tree())
 
 
+#: The random batches of vllm_v41_attention_check.fuzz_cases (names only: their split is
+#: whatever vLLM's builders make of them).
+FUZZ = [f"fuzz_{i:02d}" for i in range(10)]
+
+
 def test_every_case_ran(results):
-    assert sorted(results) == sorted(list(SPLITS) + list(CONTROLS))
+    assert sorted(results) == sorted(list(SPLITS) + list(CONTROLS) + FUZZ)
+
+
+@pytest.mark.parametrize("case", FUZZ)
+def test_random_batches_match_the_oracle(results, case):
+    """Random compositions of decodes (0-7 draft tokens, short ones among them), prefills
+    (fresh or after prefix-cache hits with bounded replay, with and without chunking) and
+    padding requests, at V4.1's ratios 0, 1 and 2: every real token within TOL of the
+    float64 oracle, padded rows finite, the builder given the replay starts. (Shared with
+    the GPU variant.)"""
+    check_fuzz_case(results, case)
+
+
+def check_fuzz_case(results, case):
+    r = results[case]
+    assert "error" not in r, r
+    assert r["ok"] and r["max_rel_err"] <= TOL, r
+    for step in r["steps"]:
+        assert not step["bad_tokens"] and step["tokens"] > 0, step
+        assert (step["num_decode_tokens"] + step["num_prefill_tokens"]
+                == step["tokens"] + step["padded_tokens"]), step
+        assert step["padded_rows_finite"], step
+        assert step["md_replay_start"] == step["replay_start"], step
 
 
 @pytest.mark.parametrize("case", sorted(SPLITS))

@@ -149,6 +149,55 @@ CASES: dict[str, dict] = {
 }
 
 
+def fuzz_cases(n: int = 10, seed: int = 20261205) -> dict[str, dict]:
+    """``n`` random one-step batches, the same on every run (``seed``), in the order vLLM's
+    model runner lays them out (decodes, then prefills; CUDA-graph padding requests and their
+    padded tokens only after a decode-only batch): V4.1's ratios 0, 1 and 2 (top-k with or
+    without -1 holes), 0-7 speculative tokens, up to four decodes (most of them the full
+    1 + k tokens) and up to three prefills, fresh or after a prefix-cache hit of 256-640
+    tokens (swa_bounded_replay: the first chunk after the hit starts at the replay start,
+    a later one past it), within max_num_batched_tokens; half of the batches with prefills
+    planned in chunks of one request (PREFILL_CHUNK_SIZE 1)."""
+    import random
+
+    rnd = random.Random(seed)
+    out: dict[str, dict] = {}
+    for i in range(n):
+        ratio, k = rnd.choice((0, 1, 2)), rnd.choice((0, 1, 3, 5, 7))
+        reqs: list[tuple[int, ...]] = []
+        tokens = 0
+        for _ in range(rnd.randint(0, 4)):
+            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
+            reqs.append((rnd.randint(q, 2000), q))
+            tokens += q
+        prefills = rnd.randint(0 if reqs else 1, 3)
+        for _ in range(prefills):
+            q = rnd.randint(k + 2, max(k + 2, min(150, MAX_BATCHED - 32 - tokens)))
+            if rnd.random() < 0.5:  # after a prefix-cache hit
+                hit = SCHED_BLOCK * rnd.randint(2, 5)
+                prefix = hit - WINDOW + (0 if rnd.random() < 0.5 else rnd.randint(1, 200))
+                reqs.append((prefix + q, q, hit))
+            else:
+                reqs.append((rnd.randint(q, 2000), q))
+            tokens += q
+        pad = 0
+        if not prefills and rnd.random() < 0.5:
+            extra = rnd.randint(1, 2)
+            reqs += [(0, 0)] * extra
+            pad = extra * (k + 1)
+        case = dict(ratio=ratio, spec=k, steps=[(reqs, pad)])
+        if ratio and rnd.random() < 0.5:
+            case["holes"] = 0.3
+        if prefills and rnd.random() < 0.5:
+            case["chunk"] = 1
+        out[f"fuzz_{i:02d}"] = case
+    return out
+
+
+FUZZ_CASES = fuzz_cases()
+CASES.update(FUZZ_CASES)
+
+
 # --------------------------------------------------------------------------- config
 
 

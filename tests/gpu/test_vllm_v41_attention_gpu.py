@@ -51,6 +51,11 @@ def test_every_token_on_cuda_matches_the_oracle(results, case):
     cpu.check_case(results, case)
 
 
+@pytest.mark.parametrize("case", cpu.FUZZ)
+def test_random_batches_on_cuda_match_the_oracle(results, case):
+    cpu.check_fuzz_case(results, case)
+
+
 @pytest.mark.parametrize("case", cpu.CONTROLS)
 def test_the_check_can_fail_on_cuda(results, case):
     cpu.check_control(results, case)
