@@ -208,8 +208,28 @@ def check_graph_c128_widths(results):
     assert widths == [[4, 1, 512], [4, 1, 256], [4, 1, 128], [4, 1, 128]], widths
 
 
+#: The check's random graph cases (fuzz_graph_cases): 2-3 replays each.
+GRAPH_FUZZ = [f"fuzz_graph_{i:02d}" for i in range(4)]
+
+
 def test_graph_every_case_ran(graph_results):
-    assert sorted(graph_results) == sorted(list(GRAPH_STEPS) + list(GRAPH_CONTROLS))
+    assert sorted(graph_results) == sorted(list(GRAPH_STEPS) + list(GRAPH_CONTROLS) + GRAPH_FUZZ)
+
+
+@pytest.mark.parametrize("case", GRAPH_FUZZ)
+def test_graph_random_replays_match_the_oracle(graph_results, case):
+    """Random graph sizes, draft counts and real-request counts per replay, the rest padding:
+    every step's tokens equal to the oracle."""
+    check_graph_fuzz_case(graph_results, case, graph=False)
+
+
+def check_graph_fuzz_case(results, case, *, graph: bool):
+    r = results[case]
+    assert "error" not in r, r
+    assert r["graph"] is graph and r["ok"], r
+    assert len(r["steps"]) >= 3 and r["max_rel_err"] <= TOL, r  # the capture, 2-3 replays
+    for step in r["steps"]:
+        assert not step["bad_tokens"] and step["tokens"] > 0 and step["padded_rows_finite"], step
 
 
 @pytest.mark.parametrize("case", sorted(GRAPH_STEPS))

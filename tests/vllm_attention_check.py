@@ -134,7 +134,6 @@ CASES: dict[str, dict] = {
 }
 
 
-
 def fuzz_cases(n: int = 10, seed: int = 20261205) -> dict[str, dict]:
     """``n`` random one-step batches, the same on every run (``seed``), in the order vLLM's
     model runner lays them out (decodes, then prefills; CUDA-graph padding requests and their
@@ -213,6 +212,30 @@ GRAPH_CASES: dict[str, dict] = {
         ratio=4, spec=1, max_model_len=4096, rebuild=False,
         steps=[([(900, 2), (35, 2), (640, 2)], 0)]),
 }
+
+
+def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, dict]:
+    """``n`` random graph cases, the same on every run: SWA-only, C4A or C128A, 0-7
+    speculative tokens, a graph of 2-5 requests, and 2-3 replays with 1 to all of them real
+    (uniform decodes at 1 + k tokens, up to 4,000 tokens of context), the rest padding
+    requests and padded tokens."""
+    import random
+
+    rnd = random.Random(seed + 1)
+    out: dict[str, dict] = {}
+    for i in range(n):
+        ratio, k = rnd.choice((1, 4, 128)), rnd.choice((0, 1, 3, 5, 7))
+        nreq = rnd.randint(2, 5)
+        steps = []
+        for _ in range(rnd.randint(2, 3)):
+            m = rnd.randint(1, nreq)
+            reqs = [(rnd.randint(k + 1, 4000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
+            steps.append((reqs, (nreq - m) * (k + 1)))
+        out[f"fuzz_graph_{i:02d}"] = dict(ratio=ratio, spec=k, max_model_len=4096, steps=steps)
+    return out
+
+
+GRAPH_CASES.update(fuzz_graph_cases())
 
 
 # --------------------------------------------------------------------------- config

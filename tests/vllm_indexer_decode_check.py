@@ -379,6 +379,31 @@ GRAPH_CASES = {
 }
 
 
+def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, tuple]:
+    """``n`` random graph cases, the same on every run: 0-7 speculative tokens, V4's C4
+    indexer or V4.1's candidate-source step, a graph of 2-5 requests, and 2-3 replays with
+    1 to all of them real (uniform decodes at 1 + k tokens, up to 4,000 tokens of context),
+    the rest padding requests and padded tokens."""
+    import random
+
+    rnd = random.Random(seed + 1)
+    out: dict[str, tuple] = {}
+    for i in range(n):
+        k = rnd.choice((0, 1, 3, 5, 7))
+        ratio, page, cand = rnd.choice(((4, 256, None), (2, 128, "write")))
+        nreq = rnd.randint(2, 5)
+        steps = []
+        for _ in range(rnd.randint(2, 3)):
+            m = rnd.randint(1, nreq)
+            reqs = [(rnd.randint(k + 1, 4000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
+            steps.append((reqs, (nreq - m) * (k + 1)))
+        out[f"fuzz_graph_{i:02d}"] = (k, ratio, page, cand, steps)
+    return out
+
+
+GRAPH_CASES.update(fuzz_graph_cases())
+
+
 def run_graph_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand, steps
                    ) -> dict:
     import torch
