@@ -220,8 +220,28 @@ def check_graph_control(results, case):
     assert not capture["bad_tokens"] and replay["bad_tokens"] and not r["ok"], r
 
 
+#: The check's random graph cases (fuzz_graph_cases): 2-3 replays each.
+GRAPH_FUZZ = tuple(f"fuzz_graph_{i:02d}" for i in range(4))
+
+
 def test_graph_every_case_ran(graph_results):
-    assert sorted(graph_results) == sorted(GRAPH_CASES + GRAPH_CONTROLS)
+    assert sorted(graph_results) == sorted(GRAPH_CASES + GRAPH_CONTROLS + GRAPH_FUZZ)
+
+
+@pytest.mark.parametrize("case", GRAPH_FUZZ)
+def test_graph_random_replays_match_the_oracle(graph_results, case):
+    """Random graph sizes, draft counts and real-request counts per replay, the rest padding:
+    every real token of every step within TOL of the oracle."""
+    check_graph_fuzz_case(graph_results, case, graph=False)
+
+
+def check_graph_fuzz_case(results, case, *, graph: bool):
+    r = results[case]
+    assert "error" not in r, r
+    assert r["graph"] is graph and r["ok"] and r["max_rel_err"] <= TOL, r
+    assert len(r["steps"]) >= 3, r  # the capture and 2-3 replays
+    for step in r["steps"]:
+        assert not step["bad_tokens"] and step["tokens"] > 0 and step["padded_rows_finite"], step
 
 
 @pytest.mark.parametrize("case", GRAPH_CASES)

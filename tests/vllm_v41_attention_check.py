@@ -226,6 +226,33 @@ GRAPH_CASES: dict[str, dict] = {
 }
 
 
+def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, dict]:
+    """``n`` random graph cases, the same on every run: V4.1's ratios 0, 1 and 2 (top-k with
+    or without -1 holes), 0-7 speculative tokens, a graph of 2-5 requests, and 2-3 replays
+    with 1 to all of them real (uniform decodes at 1 + k tokens, up to 2,000 tokens of
+    context), the rest padding requests and padded tokens."""
+    import random
+
+    rnd = random.Random(seed + 1)
+    out: dict[str, dict] = {}
+    for i in range(n):
+        ratio, k = rnd.choice((0, 1, 2)), rnd.choice((0, 1, 3, 5, 7))
+        nreq = rnd.randint(2, 5)
+        steps = []
+        for _ in range(rnd.randint(2, 3)):
+            m = rnd.randint(1, nreq)
+            reqs = [(rnd.randint(k + 1, 2000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
+            steps.append((reqs, (nreq - m) * (k + 1)))
+        case = dict(ratio=ratio, spec=k, steps=steps)
+        if ratio and rnd.random() < 0.5:
+            case["holes"] = 0.3
+        out[f"fuzz_graph_{i:02d}"] = case
+    return out
+
+
+GRAPH_CASES.update(fuzz_graph_cases())
+
+
 def _config(case: dict):
     """A stand-in ``VllmConfig`` with the fields the builders and the layer's cache specs
     read: ``tests/vllm_cpu_harness._v41_config``'s V4.1 shape (window 128, index top-k

@@ -86,6 +86,11 @@ def test_graph_replays_on_cuda_match_the_oracle(graph_results, case):
     cpu.check_graph_case(graph_results, case, graph=True)
 
 
+@pytest.mark.parametrize("case", cpu.GRAPH_FUZZ)
+def test_graph_random_replays_on_cuda_match_the_oracle(graph_results, case):
+    cpu.check_graph_fuzz_case(graph_results, case, graph=True)
+
+
 @pytest.mark.parametrize("case", cpu.GRAPH_CONTROLS)
 def test_graph_replay_without_rebuild_fails_on_cuda(graph_results, case):
     cpu.check_graph_control(graph_results, case)
