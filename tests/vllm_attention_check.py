@@ -148,22 +148,9 @@ def fuzz_cases(n: int = 10, seed: int = 20261205) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for i in range(n):
         ratio, k = rnd.choice((1, 4, 128)), rnd.choice((0, 1, 3, 5, 7))
-        reqs: list[tuple[int, int]] = []
-        tokens = 0
-        for _ in range(rnd.randint(0, 4)):
-            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
-            reqs.append((rnd.randint(q, 4000), q))
-            tokens += q
-        prefills = rnd.randint(0 if reqs else 1, 2)
-        for _ in range(prefills):
-            q = rnd.randint(k + 2, max(k + 2, min(100, MAX_BATCHED - 16 - tokens)))
-            reqs.append((rnd.randint(q, 4000), q))
-            tokens += q
-        pad = 0
-        if not prefills and rnd.random() < 0.5:
-            extra = rnd.randint(1, 2)
-            reqs += [(0, 0)] * extra
-            pad = extra * (k + 1)
+        reqs, pad = checks.random_step(rnd, k, max_seq=4000, max_decodes=4, max_prefills=2,
+                                       prefill_q=100, budget=MAX_BATCHED - 16)
+        prefills = any(q > k + 1 for _, q in reqs)
         case = dict(ratio=ratio, spec=k, max_model_len=4096, steps=[(reqs, pad)])
         if prefills and rnd.random() < 0.5:
             case["chunk"] = 1
@@ -225,12 +212,7 @@ def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for i in range(n):
         ratio, k = rnd.choice((1, 4, 128)), rnd.choice((0, 1, 3, 5, 7))
-        nreq = rnd.randint(2, 5)
-        steps = []
-        for _ in range(rnd.randint(2, 3)):
-            m = rnd.randint(1, nreq)
-            reqs = [(rnd.randint(k + 1, 4000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
-            steps.append((reqs, (nreq - m) * (k + 1)))
+        steps = checks.random_graph_steps(rnd, k, 4000)
         out[f"fuzz_graph_{i:02d}"] = dict(ratio=ratio, spec=k, max_model_len=4096, steps=steps)
     return out
 

@@ -103,6 +103,47 @@ def dummy_reqs(nreq: int, ntok: int) -> list[tuple[int, int]]:
     return [(x, x) for x in [base] * (nreq - extra) + [base + 1] * extra]
 
 
+def random_step(rnd, k: int, *, max_seq: int, max_decodes: int, max_prefills: int,
+                prefill_q: int, budget: int, prefill=None) -> tuple[list[tuple], int]:
+    """One random batch for the fuzz cases of the vLLM-level checks, as ``(requests, padded
+    tokens)`` in the order vLLM's model runner lays it out: up to ``max_decodes`` decodes
+    (most of them the full 1 + ``k`` tokens, some shorter), then up to ``max_prefills``
+    prefills of ``k`` + 2 to ``prefill_q`` tokens within ``budget`` tokens, fresh (up to
+    ``max_seq`` tokens of context) or as ``prefill(q)`` makes them where it returns a request;
+    CUDA-graph padding requests (0, 0) and their padded tokens only after a decode-only batch.
+    ``rnd``: a ``random.Random``."""
+    reqs: list[tuple] = []
+    tokens = 0
+    for _ in range(rnd.randint(0, max_decodes)):
+        q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
+        reqs.append((rnd.randint(q, max_seq), q))
+        tokens += q
+    prefills = rnd.randint(0 if reqs else 1, max_prefills)
+    for _ in range(prefills):
+        q = rnd.randint(k + 2, max(k + 2, min(prefill_q, budget - tokens)))
+        reqs.append((prefill(q) if prefill else None) or (rnd.randint(q, max_seq), q))
+        tokens += q
+    pad = 0
+    if not prefills and rnd.random() < 0.5:
+        extra = rnd.randint(1, 2)
+        reqs += [(0, 0)] * extra
+        pad = extra * (k + 1)
+    return reqs, pad
+
+
+def random_graph_steps(rnd, k: int, max_seq: int) -> list[tuple[list[tuple[int, int]], int]]:
+    """2-3 replays of one random graph of 2-5 requests: each with 1 to all of them real
+    (uniform decodes at 1 + ``k`` tokens, up to ``max_seq`` tokens of context), the rest
+    padding requests and padded tokens (one padded shape, :func:`graph_shape`)."""
+    nreq = rnd.randint(2, 5)
+    steps = []
+    for _ in range(rnd.randint(2, 3)):
+        m = rnd.randint(1, nreq)
+        reqs = [(rnd.randint(k + 1, max_seq), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
+        steps.append((reqs, (nreq - m) * (k + 1)))
+    return steps
+
+
 def graph_shape(steps) -> tuple[int, int]:
     """(requests, tokens incl. padded ones) of a graph case's ``[(reqs, pad)]`` steps, which
     must all have that one padded shape (a graph replays one shape)."""

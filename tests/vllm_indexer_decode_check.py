@@ -109,19 +109,8 @@ def fuzz_cases(n: int = 12, seed: int = 20261205) -> dict[str, tuple]:
     for i in range(n):
         k = rnd.choice((0, 1, 3, 5, 7))
         ratio, page, cand = rnd.choice(layers)
-        reqs: list[tuple[int, int]] = []
-        tokens = 0
-        for _ in range(rnd.randint(0, 5)):
-            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
-            reqs.append((rnd.randint(q, 4000), q))
-            tokens += q
-        prefills = rnd.randint(0 if reqs else 1, 3)
-        for _ in range(prefills):
-            q = rnd.randint(k + 2, max(k + 2, min(400, 1000 - tokens)))
-            reqs.append((rnd.randint(q, 4000), q))
-            tokens += q
-        if not prefills and rnd.random() < 0.5:
-            reqs += [(0, 0)] * rnd.randint(1, 2)
+        reqs, _ = checks.random_step(rnd, k, max_seq=4000, max_decodes=5, max_prefills=3,
+                                     prefill_q=400, budget=1000)
         out[f"fuzz_{i:02d}"] = (k, ratio, page, cand, reqs)
     return out
 
@@ -391,12 +380,7 @@ def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, tuple]:
     for i in range(n):
         k = rnd.choice((0, 1, 3, 5, 7))
         ratio, page, cand = rnd.choice(((4, 256, None), (2, 128, "write")))
-        nreq = rnd.randint(2, 5)
-        steps = []
-        for _ in range(rnd.randint(2, 3)):
-            m = rnd.randint(1, nreq)
-            reqs = [(rnd.randint(k + 1, 4000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
-            steps.append((reqs, (nreq - m) * (k + 1)))
+        steps = checks.random_graph_steps(rnd, k, 4000)
         out[f"fuzz_graph_{i:02d}"] = (k, ratio, page, cand, steps)
     return out
 

@@ -164,27 +164,17 @@ def fuzz_cases(n: int = 10, seed: int = 20261205) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for i in range(n):
         ratio, k = rnd.choice((0, 1, 2)), rnd.choice((0, 1, 3, 5, 7))
-        reqs: list[tuple[int, ...]] = []
-        tokens = 0
-        for _ in range(rnd.randint(0, 4)):
-            q = k + 1 if rnd.random() < 0.8 else rnd.randint(1, k + 1)
-            reqs.append((rnd.randint(q, 2000), q))
-            tokens += q
-        prefills = rnd.randint(0 if reqs else 1, 3)
-        for _ in range(prefills):
-            q = rnd.randint(k + 2, max(k + 2, min(150, MAX_BATCHED - 32 - tokens)))
-            if rnd.random() < 0.5:  # after a prefix-cache hit
-                hit = SCHED_BLOCK * rnd.randint(2, 5)
-                prefix = hit - WINDOW + (0 if rnd.random() < 0.5 else rnd.randint(1, 200))
-                reqs.append((prefix + q, q, hit))
-            else:
-                reqs.append((rnd.randint(q, 2000), q))
-            tokens += q
-        pad = 0
-        if not prefills and rnd.random() < 0.5:
-            extra = rnd.randint(1, 2)
-            reqs += [(0, 0)] * extra
-            pad = extra * (k + 1)
+
+        def after_hit(q: int) -> tuple[int, int, int] | None:
+            if rnd.random() >= 0.5:
+                return None  # a fresh prefill
+            hit = SCHED_BLOCK * rnd.randint(2, 5)
+            prefix = hit - WINDOW + (0 if rnd.random() < 0.5 else rnd.randint(1, 200))
+            return (prefix + q, q, hit)
+
+        reqs, pad = checks.random_step(rnd, k, max_seq=2000, max_decodes=4, max_prefills=3,
+                                       prefill_q=150, budget=MAX_BATCHED - 32, prefill=after_hit)
+        prefills = any(r[1] > k + 1 for r in reqs)
         case = dict(ratio=ratio, spec=k, steps=[(reqs, pad)])
         if ratio and rnd.random() < 0.5:
             case["holes"] = 0.3
@@ -237,12 +227,7 @@ def fuzz_graph_cases(n: int = 4, seed: int = 20261205) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for i in range(n):
         ratio, k = rnd.choice((0, 1, 2)), rnd.choice((0, 1, 3, 5, 7))
-        nreq = rnd.randint(2, 5)
-        steps = []
-        for _ in range(rnd.randint(2, 3)):
-            m = rnd.randint(1, nreq)
-            reqs = [(rnd.randint(k + 1, 2000), k + 1) for _ in range(m)] + [(0, 0)] * (nreq - m)
-            steps.append((reqs, (nreq - m) * (k + 1)))
+        steps = checks.random_graph_steps(rnd, k, 2000)
         case = dict(ratio=ratio, spec=k, steps=steps)
         if ratio and rnd.random() < 0.5:
             case["holes"] = 0.3
