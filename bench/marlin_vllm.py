@@ -183,9 +183,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
     common.require_cuda()
-    missing = harness.missing_dependencies()  # also puts the bundle's vLLM deps on sys.path
+    missing = harness.missing_dependencies()
     if missing:
         raise SystemExit(f"vLLM's Python dependencies missing here: {', '.join(missing)}")
+    # the tree is imported in this process: the GPU bundle's vLLM deps (.site-vllm) go on its path
+    harness.add_deps_paths()
     from upstream_import import find_tree
 
     import vllm_builder_check as checks

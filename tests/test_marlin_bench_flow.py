@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import types
 from pathlib import Path
 
@@ -121,7 +122,19 @@ def _install_stand_ins(monkeypatch, bench, tmp_path, *, linear_scale=1.0):
 
 def test_the_whole_script_runs_and_fills_every_row(bench, tmp_path, monkeypatch, capsys):
     limits_log = _install_stand_ins(monkeypatch, bench, tmp_path)
+    # the GPU bundle's vLLM deps (.site-vllm) are on the path by the time the tree is imported
+    # (the H200 run of 2026-12-05 stopped at `import pydantic` without this)
+    deps = tmp_path / "site-vllm"
+    deps.mkdir()
+    monkeypatch.setenv("DEEPINFER_VLLM_DEPS", str(deps))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    import upstream_import
+
+    seen = []
+    monkeypatch.setattr(upstream_import, "find_tree",
+                        lambda **_: seen.append(list(sys.path)) or tmp_path / "tree")
     assert bench.main(["--quick", "--no-doc"]) == 0
+    assert seen and seen[0][0] == str(deps)
     out = capsys.readouterr().out
     (path,) = tmp_path.glob("marlin_vllm_*.json")
     got = json.loads(path.read_text())

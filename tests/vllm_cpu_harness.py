@@ -89,6 +89,15 @@ def deps_paths() -> list[str]:
     return [p for p in raw.split(os.pathsep) if p and Path(p).is_dir()]
 
 
+def add_deps_paths() -> list[str]:
+    """Put :func:`deps_paths` first on this process's ``sys.path`` (once each), for a script
+    that imports the applied tree in-process (``bench/marlin_vllm.py``) rather than in a
+    subprocess; returns the folders added."""
+    extra = [p for p in deps_paths() if p not in sys.path]
+    sys.path[:0] = extra
+    return extra
+
+
 def subprocess_pythonpath() -> str | None:
     """PYTHONPATH for a subprocess that imports an applied tree: :func:`deps_paths`, then
     this process's PYTHONPATH without folders holding a ``vllm`` package (the overlay's

@@ -4,7 +4,8 @@
 # There:  bash scripts/device/marlin_bench.sh [tests|none]
 #   tests: the Marlin GPU test file first (tests/gpu/test_vllm_c_marlin_sm80.py, ~2 min)
 #   none:  the benchmark only (default)
-# MB_QUICK=1 runs the benchmark's quick shapes. Logs, JSON and docs/benchmarks.md come back
+# MB_QUICK=1 runs the benchmark's quick shapes; MB_BUDGET=S ends the benchmark S seconds after
+# this script started (default 590, for a call of its own). Logs, JSON and docs/benchmarks.md come back
 # in $OUT.
 set -uo pipefail
 MODE=${1:-none}
@@ -19,7 +20,7 @@ fi
 t0=$SECONDS
 q=(); [ "${MB_QUICK:-0}" = 1 ] && q=(--quick)
 DEEPINFER_BENCH_COMMAND="bash scripts/device/marlin_bench.sh $MODE" \
-  timeout $((590 - SECONDS)) $PY bench/marlin_vllm.py "${q[@]}" > "$OUT/bench-marlin.log" 2>&1 || brc=1
+  timeout $((${MB_BUDGET:-590} - SECONDS)) $PY bench/marlin_vllm.py "${q[@]}" > "$OUT/bench-marlin.log" 2>&1 || brc=1
 grep -E "^\||PASS|FAIL|Error|rror" "$OUT/bench-marlin.log" | head -80
 # stopped early (time limit, error): the rows measured so far, one line each
 [ "${brc:-0}" = 0 ] || { rc=1; grep -E "^(row|copy_start):" "$OUT/bench-marlin.log" | tail -60; }

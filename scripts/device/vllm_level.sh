@@ -7,6 +7,8 @@
 #   (default) the vLLM-level GPU checks only;  all: every GPU test (tests/gpu)
 #   VL_TESTS="FILE ...": these test files instead; VL_K=EXPR: pytest -k EXPR;
 #   VL_ARGS="...": more pytest arguments (e.g. --durations=30)
+#   VL_BUDGET=S: end the tests S seconds after this script started (default 585: the
+#   device tool's 600-s call), so that another script can follow in the same call
 # VL_PROBE=1 first lists the modules the checks' import chain lacks here
 # (scripts/device/vllm_missing_modules.py).
 # Logs come back in $OUT/vllm-level-logs.tgz.
@@ -24,8 +26,9 @@ TESTS=(tests/gpu/test_vllm_indexer_decode_gpu.py tests/gpu/test_vllm_attention_g
 existing=(); for t in "${TESTS[@]}"; do [ -e "$t" ] && existing+=("$t"); done
 kk=(); [ -n "${VL_K:-}" ] && kk=(-k "$VL_K")
 [ -n "${VL_ARGS:-}" ] && { read -r -a more <<< "$VL_ARGS"; kk+=("${more[@]}"); }
-# what is left of the device tool's 600-s call after set-up and build (the whole suite needs ~545 s)
-timeout $((585 - SECONDS)) $PY -m pytest -q -rs -p no:cacheprovider "${kk[@]}" "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+# what is left of the device tool's 600-s call after set-up and build (the whole suite now
+# needs more: 2026-12-05 it reached item 900 of ~958 at 548 s; split it with VL_TESTS)
+timeout $((${VL_BUDGET:-585} - SECONDS)) $PY -m pytest -q -rs -p no:cacheprovider "${kk[@]}" "${existing[@]}" > "$OUT/gpu-tests.log" 2>&1 || rc=1
 tail -25 "$OUT/gpu-tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu-tests.log" | head -20
 echo "=== gpu tests ($MODE) rc=$rc ($((SECONDS - t0)) s)"
 echo "vllm_level.sh rc=$rc"; exit $rc
