@@ -465,6 +465,9 @@ def test_dsv4_mhc_tilelang_warmups_compile_for_sm8x(trees, deps, cap, hidden, mo
     assert got["enable_pdl"] is False and (got["hidden"], got["model"]) == (hidden, model)
     assert got["targets"] == [f"sm_{cap.replace('.', '')}"], got
     assert got["sm90_only"] == {}, got
+    # what the host launcher will ask for fits the part's block (tests/tilelang_smem.py)
+    assert got["shared_over"] == {}, got["shared_over"]
+    assert got["shared"] and max(got["shared"].values()) > 0, got["shared"]
     kernels = got["kernels"]
     assert set(kernels) == ({"MHCPreNormKernel"} if model == "v41" else {
         "MhcPreBigFuseTileLangKernel", "HcPrenormGemmTileLangKernel", "MhcPostTileLangKernel",

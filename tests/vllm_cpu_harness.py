@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import tilelang_smem
 import triton_smem
 
 #: The patch set under test: the pin, or another set in patches/ (e.g. a rebase candidate) by
@@ -1495,7 +1496,9 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
     the probed capability's architecture, as vLLM
     does at start-up (``VllmTileLangJitKernel.compile``: no launch), with the split-k grid
     sized for the part's SMs (A100 108, SM86 84). Per kernel: keys, compiled, failures,
-    SM90-only features found in the generated CUDA source, and the targets compiled for."""
+    SM90-only features found in the generated CUDA source, and the targets compiled for;
+    per kernel cache, the most shared memory one of its blocks takes ("shared", bytes, from
+    ``tilelang_smem``) and where that exceeds the part's block limit ("shared_over")."""
     import os
     import types as _types
 
@@ -1538,6 +1541,9 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
 
         found: dict[str, list[str]] = {}
         targets: set[str] = set()
+        shared: dict[str, int] = {}
+        shared_over: dict[str, str] = {}
+        cap = _CAPABILITY[0] * 10 + _CAPABILITY[1]
         caches = [(name, getattr(obj, "__dict__", {}).get("_kernel_cache"))
                   for name, obj in vars(K).items()]
         caches.append(("MHC_PRE_NORM_KERNEL", MHC_PRE_NORM_KERNEL._compiled_cache))
@@ -1550,8 +1556,16 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
                 if hits:
                     found[name] = sorted(set(found.get(name, [])) | set(hits))
                 targets.add(str(compiled.target.attrs["arch"]))
+                for fn, nbytes in tilelang_smem.shared_bytes(compiled.prim_func,
+                                                             compiled.target).items():
+                    shared[name] = max(shared.get(name, 0), nbytes)
+                    msg = tilelang_smem.over_limit(f"{name} ({fn})", nbytes, cap)
+                    if msg and name not in shared_over:
+                        shared_over[name] = msg
         out["sm90_only"] = found
         out["targets"] = sorted(targets)
+        out["shared"] = shared
+        out["shared_over"] = shared_over
         return out
     finally:
         torch.cuda.get_device_properties = saved_props
