@@ -32,8 +32,13 @@ tree imported with a CUDA platform mocked to 8.0 and 8.6 (tests/vllm_cpu_harness
    count it passes must be one the op is instantiated for (parsed from the tree's
    ``csrc`` and read off an sm_80 cubin that nvcc builds from that source), and the
    op must be built for every CUDA architecture and accept sm_80;
-3. can fail: a known FP8 kernel goes through the same compile step and must fail
-   with the SM89+ error, and on the pristine tree the drafts select FlashMLA.
+3. does the same for DeepSeek-V4.1's DSpark draft (``DSparkV41DraftModel``,
+   ``deepseek_v41/nvidia/dspark.py``, V4.1's own decoder layer): its 3 layers select V4.1's
+   Ampere attention, which, built at the draft indices, is sliding-window only, and its
+   ``_insert_context_kv`` calls the KV-only ``_C`` op on the bound uint8 cache;
+4. can fail: a known FP8 kernel goes through the same compile step and must fail
+   with the SM89+ error, and on the pristine tree the drafts (V4's and V4.1's) select
+   FlashMLA.
 
 Marked ``network``: the applied tree comes from the vLLM sdist (cached).
 """
@@ -61,6 +66,8 @@ import triton_smem  # noqa: E402
 import vllm_cpu_harness as harness  # noqa: E402
 
 AMPERE_CLS = "vllm.models.deepseek_v4.nvidia.ampere_sparse.DeepseekV4AmpereSparseAttention"
+V41_AMPERE_CLS = ("vllm.models.deepseek_v41.nvidia.ampere_sparse."
+                  "DeepseekV41AmpereSparseAttention")
 
 #: Where the walk starts: the two draft models and their model-runner speculators.
 ENTRY_MODULES = (
@@ -156,7 +163,8 @@ if "pytest" in sys.modules:
 
         with ThreadPoolExecutor(max_workers=len(SM8X)) as pool:  # one process each
             futures = {cap: pool.submit(run_child, trees["patched"], cap, "kernels",
-                                        "attention", "insert") for cap in SM8X}
+                                        "attention", "insert", "v41_attention",
+                                        "v41_insert") for cap in SM8X}
             return {cap: f.result() for cap, f in futures.items()}
 
     @pytest.mark.parametrize("cap", SM8X)
@@ -220,11 +228,45 @@ if "pytest" in sys.modules:
         assert call["q_head_padded"] == got["padded_heads"] and call["q_heads"] <= call[
             "q_head_padded"]
 
+    @pytest.mark.parametrize("cap", SM8X)
+    def test_v41_dspark_draft_layers_select_the_v41_ampere_attention(patched, cap: str) -> None:
+        """DeepSeek-V4.1's DSpark draft (``DSparkV41DraftModel``) builds V4.1's own decoder
+        layers: each of its 3 draft layers selects V4.1's Ampere attention."""
+        got = patched[cap]["v41_attention"]
+        assert "error" not in got and "dspark_error" not in got, got
+        assert got["dspark"] == [V41_AMPERE_CLS] * 3
+
+    @pytest.mark.parametrize("cap", SM8X)
+    def test_v41_dspark_context_insert_takes_the_kv_only_op(patched, cap: str) -> None:
+        """V4.1's Ampere layer at the draft indices (past ``compress_ratios``: sliding
+        window only, no indexer, the Ampere SWA builder), and V4.1 DSpark's
+        ``_insert_context_kv`` with it: one call of the KV-only ``_C`` op over the bound
+        uint8 cache (584-byte records, no FP8 scale, no MXFP8), which
+        tests/gpu/test_vllm_c_insert_sm80.py runs as SM80 code
+        (``test_kv_only_op_equals_fused_kv_half``)."""
+        got = patched[cap]["v41_insert"]
+        assert "error" not in got, got
+        assert set(got["layers"]) == {"8", "9", "10"}, got["layers"]
+        for idx, layer in got["layers"].items():
+            assert layer["ratio"] == 0 and layer["indexer"] is None, (idx, layer)
+            assert layer["compressed_from"] is None and layer["padded_heads"] == 64, (idx, layer)
+        assert got["swa_builder"].endswith("DeepseekSparseSWAAmpereV41MetadataBuilder")
+        assert (got["kv_mxfp8"], got["swa_bytes_per_token"]) == (False, 584)
+        assert got["insert_calls"] == [{"kv": [6, 512], "cache": ["torch.uint8", [2, 64, 584]],
+                                        "block_size": 64, "fp8_scale_none": True,
+                                        "mxfp8": False}], got["insert_calls"]
+
     def test_pristine_tree_drafts_take_flashmla_on_sm80(trees) -> None:
-        """The attention check can fail: upstream's drafts select FlashMLA on 8.0."""
-        got = run_child(trees["pristine"], "8.0", "attention")["attention"]
+        """The attention checks can fail: upstream's drafts, V4's and V4.1's, select FlashMLA
+        on 8.0 (and the pristine tree has no V4.1 Ampere layer to build)."""
+        got = run_child(trees["pristine"], "8.0", "attention", "v41_attention", "v41_insert")
+        v41, v41_insert = got["v41_attention"], got["v41_insert"]
+        got = got["attention"]
         assert got["mtp"] and not any(c == AMPERE_CLS for c in got["mtp"] + got["dspark"]), got
         assert all(c.endswith("DeepseekV4FlashMLAAttention") for c in got["mtp"] + got["dspark"])
+        assert v41["dspark"] == ["vllm.models.deepseek_v41.nvidia.flashmla."
+                                 "DeepseekV4FlashMLAAttention"] * 3, v41
+        assert v41_insert.get("error") == "ImportError", v41_insert
 
     def test_c_insert_op_builds_for_sm80_with_every_padded_head_count(trees, patched,
                                                                        tmp_path) -> None:
@@ -771,6 +813,104 @@ def probe_draft_insert() -> dict[str, Any]:
     return out
 
 
+def _v41_draft_config() -> Any:
+    """``_v41_config`` with DeepSeek-V4.1's DSpark draft (3 layers after the 8 of the
+    backbone, 7 speculative tokens)."""
+    cfg = harness._v41_config()
+    hf = cfg.model_config.hf_config
+    hf.hc_mult, hf.hc_eps, hf.hc_sinkhorn_iters = 4, 1e-6, 20
+    hf.vocab_size, hf.n_routed_experts = 1024, 8
+    hf.dspark_target_layer_ids, hf.n_mtp_layers, hf.dspark_markov_rank = [0, 1, 2], 3, 16
+    cfg.speculative_config = types.SimpleNamespace(
+        num_speculative_tokens=max(NUM_SPEC_TOKENS), draft_model_config=cfg.model_config,
+        use_dspark=lambda: True)
+    cfg.kernel_config.moe_backend = "auto"
+    cfg.parallel_config.data_parallel_size = 1
+    cfg.parallel_config.pipeline_parallel_size = 1
+    cfg.parallel_config.enable_expert_parallel = False
+    cfg.kernel_config.enable_jit_warmup = False
+    return cfg
+
+
+def probe_v41_draft_attention() -> dict[str, Any]:
+    """Attention class DeepSeek-V4.1's DSpark draft layers (``DSparkV41DraftModel``:
+    ``deepseek_v41/nvidia/dspark.py``, V4.1's own decoder layer) select."""
+    import torch
+
+    from vllm.models.deepseek_v41.nvidia import dspark, model
+
+    stub = harness._stub_cls()
+    real = model._select_dsv4_attn_cls
+    picked: list[str] = []
+
+    def select(vllm_config: Any) -> Any:
+        cls = real(vllm_config)
+        picked.append(harness._describe(cls))
+        raise _Picked  # the rest of the decoder layer (MoE, mHC) is not under test
+
+    class Layer(torch.nn.Module):  # each DSpark layer: record the selection, go on
+        def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
+            super().__init__()
+            try:
+                model.DeepseekV4DecoderLayer(vllm_config, **kwargs)
+            except _Picked:
+                pass
+
+    cfg = _v41_draft_config()
+    out: dict[str, Any] = {}
+    with harness._patched([(model, "_select_dsv4_attn_cls", select)] + [
+            (dspark, n, stub) for n in (
+                "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding", "DSparkMarkovHead",
+                "DSparkConfidenceHead")] + [
+            (dspark, "DeepseekV4DecoderLayer", Layer),
+            (dspark, "maybe_init_gemm_rs", lambda *a, **k: False),
+            (dspark, "get_current_vllm_config", lambda: cfg)]):
+        try:
+            dspark.DSparkDeepseekV4Model(vllm_config=cfg, prefix="model")
+        except Exception as exc:
+            out["dspark_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out["dspark"] = list(picked)
+    return out
+
+
+def probe_v41_draft_insert() -> dict[str, Any]:
+    """The V4.1 Ampere layer built for the first draft layer index, and the ``_C`` call
+    V4.1's DSpark ``_insert_context_kv`` makes with it (the KV-only insert op)."""
+    import torch
+
+    from vllm.models.deepseek_v41.nvidia import dspark
+
+    cfg = _v41_draft_config()
+    first = cfg.model_config.hf_config.num_hidden_layers
+    built: list[Any] = []
+    layers = harness._construct_v41_ampere_layers(cfg, range(first, first + 3), built)
+    attn = built[0]
+    out: dict[str, Any] = {
+        "layers": layers, "kv_mxfp8": bool(attn.kv_mxfp8),
+        "swa_bytes_per_token": attn.swa_bytes_per_token,
+        "swa_builder": harness._describe(attn.swa_backend_cls.get_builder_cls()),
+    }
+    calls: list[dict[str, Any]] = []
+
+    def op(kv, cache, slots, positions, cos_sin, block_size, fp8_scale, mxfp8) -> None:
+        calls.append({"kv": list(kv.shape), "cache": [str(cache.dtype), list(cache.shape)],
+                      "block_size": int(block_size), "fp8_scale_none": fp8_scale is None,
+                      "mxfp8": bool(mxfp8)})
+
+    n, block = 6, 64
+    # (stand-ins: the vLLM cache binds [num_blocks, block_size, bytes_per_token] uint8)
+    attn.swa_cache_layer.kv_cache = torch.zeros(2, block, attn.swa_bytes_per_token,
+                                                dtype=torch.uint8)
+    attn.swa_cache_layer.block_size = block
+    attn.rotary_emb.cos_sin_cache = torch.zeros(4096, 64)
+    name = "fused_deepseek_v4_kv_rope_insert"
+    with harness._patched([(torch.ops._C, name, op)]):
+        dspark._insert_context_kv(attn, torch.zeros(n, attn.head_dim, dtype=torch.bfloat16),
+                                  torch.arange(n), torch.arange(n))
+    out["insert_calls"] = calls
+    return out
+
+
 def child(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", type=Path, required=True)
@@ -781,7 +921,8 @@ def child(argv: list[str]) -> int:
     harness._CAPABILITY[:] = [int(x) for x in args.capability.split(".")]
     cc = harness._CAPABILITY[0] * 10 + harness._CAPABILITY[1]
     probes = {"kernels": lambda: probe_kernels(cc), "attention": probe_draft_attention,
-              "insert": probe_draft_insert}
+              "insert": probe_draft_insert, "v41_attention": probe_v41_draft_attention,
+              "v41_insert": probe_v41_draft_insert}
     res: dict[str, Any] = {}
     for name in args.probe:
         try:

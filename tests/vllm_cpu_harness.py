@@ -952,10 +952,12 @@ def _v41_config() -> Any:
         enable_prefix_caching=False))
 
 
-def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
-    """The overlay's DeepSeek-V4.1 Ampere attention layers 0..7 of ``_v41_config``
-    (their indexers and the Ampere scorer included; linear layers, norms, caches,
-    compressors and RoPE are stand-ins): per layer, what was built."""
+def _construct_v41_ampere_layers(cfg: Any, layers: Any = range(8),
+                                 built: list[Any] | None = None) -> dict[str, Any]:
+    """The overlay's DeepSeek-V4.1 Ampere attention layers ``layers`` (default 0..7 of
+    ``_v41_config``; 8 and up are draft layers: DSpark's) (their indexers and the Ampere
+    scorer included; linear layers, norms, caches, compressors and RoPE are stand-ins): per
+    layer, what was built. ``built`` receives the layer objects."""
     import torch
 
     from vllm.models.deepseek_v41 import attention
@@ -985,10 +987,12 @@ def _construct_v41_ampere_layers(cfg: Any) -> dict[str, Any]:
             (torch.cuda, "Event", stub)]):
         topk = torch.full((64, 512), -1, dtype=torch.int32)
         cand = torch.full((64, 2048), -1, dtype=torch.int32)
-        for i in range(8):
+        for i in layers:
             layer = ampere_sparse.DeepseekV41AmpereSparseAttention(
                 cfg, f"model.layers.{i}.attn", topk_indices_buffer=topk,
                 candidate_block_buffer=cand)
+            if built is not None:
+                built.append(layer)
             op = getattr(layer.indexer, "indexer_op", None)
             out[str(i)] = {
                 "ratio": layer.compress_ratio, "compressed_from": layer.compressed_cache_prefix,
