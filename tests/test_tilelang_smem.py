@@ -47,3 +47,22 @@ def test_a_small_kernel_fits_both():
     (name, shared), = got.items()
     assert shared == 16 * 64 * 2 + 256 * 4
     assert tilelang_smem.over_limit(name, shared, 86) is None
+
+
+def test_a_compiled_kernel_reads_the_same_with_and_without_its_kept_module():
+    """``kernel_shared_bytes`` takes the device module a fresh compile kept, and lowers the
+    ``prim_func`` again for a kernel from TileLang's disk cache (which keeps none): the same
+    bytes either way."""
+    import types
+
+    target = {"kind": "cuda", "arch": "sm_86"}
+    func = _wide_copy(128, 512)
+    kept = tilelang_smem.lowered_device_mod(func, target)
+    fresh = types.SimpleNamespace(artifact=types.SimpleNamespace(device_mod=kept),
+                                  prim_func=None, target=None)  # must not be lowered again
+    cached = types.SimpleNamespace(artifact=types.SimpleNamespace(device_mod=None),
+                                   prim_func=func, target=target)
+    want = tilelang_smem.shared_bytes(func, target)
+    assert tilelang_smem.kernel_shared_bytes(fresh) == want
+    assert tilelang_smem.kernel_shared_bytes(cached) == want
+    assert list(want.values()) == [128 * 512 * 2 + 256 * 4]

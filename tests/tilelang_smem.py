@@ -4,10 +4,12 @@ TileLang (vLLM's mHC kernels) compiles for any architecture without a GPU and ne
 a kernel's shared memory with the part's: its ``tvm_ffi`` host launcher sets the dynamic size
 at launch (``cudaFuncSetAttribute``), so a kernel that compiles for sm_86 can still fail at its
 first launch on an RTX 3090 / A6000 (99 KB a block), and the H200 that runs the GPU tests
-(227 KB) never shows it. The compiled ``JITKernel`` keeps no lowered module, so this module
-lowers its ``prim_func`` again (TileLang's ``lower``: no nvcc, a fraction of a second) and reads
-what the launcher will ask for: each device function's ``dyn_shared_memory_buf`` attribute,
-plus its static ``shared``-scope buffers. The limits are those of ``tests/triton_smem.py``."""
+(227 KB) never shows it. This module reads what the launcher will ask for from the lowered
+device module: each device function's ``dyn_shared_memory_buf`` attribute, plus its static
+``shared``-scope buffers. A ``JITKernel`` compiled in this process keeps that module
+(``artifact.device_mod``); one loaded from TileLang's disk cache does not, and its ``prim_func``
+is lowered again (TileLang's ``lower``, no nvcc: about 6 s per mHC kernel on CI's cores). The
+limits are those of ``tests/triton_smem.py``."""
 from __future__ import annotations
 
 import math
@@ -34,17 +36,36 @@ def _static_shared(func: Any) -> int:
     return total
 
 
-def shared_bytes(prim_func: Any, target: Any) -> dict[str, int]:
-    """Per device function of ``prim_func`` lowered for ``target`` (a TVM target or TileLang's
-    target dict): the bytes of shared memory one block takes, dynamic plus static."""
+def lowered_device_mod(prim_func: Any, target: Any) -> Any:
+    """The device module of ``prim_func`` lowered for ``target`` (a TVM target or TileLang's
+    target dict)."""
     import tvm
     from tilelang.engine.lower import lower
 
     tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     with tgt:
-        art = lower(prim_func, target=tgt)
+        return lower(prim_func, target=tgt).device_mod
+
+
+def shared_bytes(prim_func: Any, target: Any) -> dict[str, int]:
+    """Per device function of ``prim_func`` lowered for ``target``: the bytes of shared
+    memory one block takes, dynamic plus static."""
+    return device_shared_bytes(lowered_device_mod(prim_func, target))
+
+
+def kernel_shared_bytes(kernel: Any) -> dict[str, int]:
+    """:func:`shared_bytes` of a compiled ``JITKernel``: from the device module its compile
+    kept, else by lowering its ``prim_func`` again (a kernel from the disk cache)."""
+    device_mod = getattr(getattr(kernel, "artifact", None), "device_mod", None)
+    if device_mod is None:
+        device_mod = lowered_device_mod(kernel.prim_func, kernel.target)
+    return device_shared_bytes(device_mod)
+
+
+def device_shared_bytes(device_mod: Any) -> dict[str, int]:
+    """Per function of a lowered device module: dynamic plus static shared bytes."""
     out: dict[str, int] = {}
-    for gv, func in art.device_mod.functions.items():
+    for gv, func in device_mod.functions.items():
         attrs = dict(func.attrs) if func.attrs is not None else {}
         dyn = int(attrs.get("dyn_shared_memory_buf", 0))
         out[gv.name_hint] = dyn + _static_shared(func)

@@ -1560,8 +1560,7 @@ def probe_mhc_tilelang_aot() -> dict[str, Any]:
                 if hits:
                     found[name] = sorted(set(found.get(name, [])) | set(hits))
                 targets.add(str(compiled.target.attrs["arch"]))
-                for fn, nbytes in tilelang_smem.shared_bytes(compiled.prim_func,
-                                                             compiled.target).items():
+                for fn, nbytes in tilelang_smem.kernel_shared_bytes(compiled).items():
                     shared[name] = max(shared.get(name, 0), nbytes)
                     msg = tilelang_smem.over_limit(f"{name} ({fn})", nbytes, cap)
                     if msg and name not in shared_over:
