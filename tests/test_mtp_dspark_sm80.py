@@ -614,13 +614,12 @@ def _compile_bare(fn: Any, short: str, capability: int,
     return entry
 
 
-def _draft_config() -> Any:
-    cfg = harness._v4_config()
+def _add_dspark_draft(cfg: Any) -> Any:
+    """``cfg`` with a DSpark draft: 3 layers after the backbone's, 7 speculative tokens."""
     hf = cfg.model_config.hf_config
     hf.hc_mult, hf.hc_eps, hf.hc_sinkhorn_iters = 4, 1e-6, 20
     hf.vocab_size, hf.n_routed_experts = 1024, 8
     hf.dspark_target_layer_ids, hf.n_mtp_layers, hf.dspark_markov_rank = [0, 1, 2], 3, 16
-    hf.mlp_layer_types = ["moe"] * 3
     cfg.speculative_config = types.SimpleNamespace(
         num_speculative_tokens=max(NUM_SPEC_TOKENS), draft_model_config=cfg.model_config,
         use_dspark=lambda: True)
@@ -629,6 +628,12 @@ def _draft_config() -> Any:
     cfg.parallel_config.pipeline_parallel_size = 1
     cfg.parallel_config.enable_expert_parallel = False
     cfg.kernel_config.enable_jit_warmup = False
+    return cfg
+
+
+def _draft_config() -> Any:
+    cfg = _add_dspark_draft(harness._v4_config())
+    cfg.model_config.hf_config.mlp_layer_types = ["moe"] * 3
     return cfg
 
 
@@ -715,33 +720,28 @@ class _Picked(Exception):
     pass
 
 
-def probe_draft_attention() -> dict[str, Any]:
-    """Attention class the MTP layer and the DSpark draft layers select."""
-    import torch
-
-    from vllm.models.deepseek_v4.nvidia import dspark, model, mtp
-
-    stub = harness._stub_cls()
+def _selection_recorder(model: Any) -> tuple[list[str], tuple]:
+    """A patch of ``model._select_dsv4_attn_cls`` that records the class each decoder layer
+    selects and stops the layer there (its MoE and mHC are not under test), and the list it
+    records into."""
     real = model._select_dsv4_attn_cls
     picked: list[str] = []
 
     def select(vllm_config: Any) -> Any:
-        cls = real(vllm_config)
-        picked.append(harness._describe(cls))
-        raise _Picked  # the rest of the decoder layer (MoE, mHC) is not under test
+        picked.append(harness._describe(real(vllm_config)))
+        raise _Picked
 
-    cfg = _draft_config()
-    out: dict[str, Any] = {}
-    common = [(model, "_select_dsv4_attn_cls", select)]
-    with harness._patched(common + [(mtp, n, stub) for n in (
-            "RMSNorm", "ReplicatedLinear", "SharedHead")]):
-        try:
-            mtp.DeepSeekV4MultiTokenPredictorLayer(cfg, torch.empty(4, 512, dtype=torch.int32),
-                                                    "model.layers.3")
-        except _Picked:
-            pass
-        out["mtp"] = list(picked)
-    picked.clear()
+    return picked, (model, "_select_dsv4_attn_cls", select)
+
+
+def _dspark_selections(model: Any, dspark: Any, cfg: Any, stubbed: tuple[str, ...],
+                       extra: list[tuple] = ()) -> dict[str, Any]:
+    """Build ``dspark.DSparkDeepseekV4Model`` (V4's or V4.1's) with ``stubbed`` names of its
+    module as stand-ins: the attention class each of its decoder layers (``model``'s)
+    selects, and the error that stopped the build, if any."""
+    import torch
+
+    picked, select = _selection_recorder(model)
 
     class Layer(torch.nn.Module):  # each DSpark layer: record the selection, go on
         def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
@@ -751,17 +751,37 @@ def probe_draft_attention() -> dict[str, Any]:
             except _Picked:
                 pass
 
-    with harness._patched(common + [(dspark, n, stub) for n in (
-            "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding",
-            "MergedColumnParallelLinear", "DSparkMarkovHead", "DSparkConfidenceHead")] + [
+    stub = harness._stub_cls()
+    out: dict[str, Any] = {}
+    with harness._patched([select] + [(dspark, n, stub) for n in stubbed] + [
             (dspark, "DeepseekV4DecoderLayer", Layer),
-            (dspark, "get_current_vllm_config", lambda: cfg)]):
+            (dspark, "get_current_vllm_config", lambda: cfg)] + list(extra)):
         try:
             dspark.DSparkDeepseekV4Model(vllm_config=cfg, prefix="model")
         except Exception as exc:
             out["dspark_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        out["dspark"] = list(picked)
+    out["dspark"] = picked
     return out
+
+
+def probe_draft_attention() -> dict[str, Any]:
+    """Attention class the MTP layer and the DSpark draft layers select."""
+    import torch
+
+    from vllm.models.deepseek_v4.nvidia import dspark, model, mtp
+
+    cfg = _draft_config()
+    picked, select = _selection_recorder(model)
+    with harness._patched([select] + [(mtp, n, harness._stub_cls()) for n in (
+            "RMSNorm", "ReplicatedLinear", "SharedHead")]):
+        try:
+            mtp.DeepSeekV4MultiTokenPredictorLayer(cfg, torch.empty(4, 512, dtype=torch.int32),
+                                                    "model.layers.3")
+        except _Picked:
+            pass
+    return {"mtp": picked, **_dspark_selections(model, dspark, cfg, (
+        "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding", "MergedColumnParallelLinear",
+        "DSparkMarkovHead", "DSparkConfidenceHead"))}
 
 
 def probe_draft_insert() -> dict[str, Any]:
@@ -814,63 +834,18 @@ def probe_draft_insert() -> dict[str, Any]:
 
 
 def _v41_draft_config() -> Any:
-    """``_v41_config`` with DeepSeek-V4.1's DSpark draft (3 layers after the 8 of the
-    backbone, 7 speculative tokens)."""
-    cfg = harness._v41_config()
-    hf = cfg.model_config.hf_config
-    hf.hc_mult, hf.hc_eps, hf.hc_sinkhorn_iters = 4, 1e-6, 20
-    hf.vocab_size, hf.n_routed_experts = 1024, 8
-    hf.dspark_target_layer_ids, hf.n_mtp_layers, hf.dspark_markov_rank = [0, 1, 2], 3, 16
-    cfg.speculative_config = types.SimpleNamespace(
-        num_speculative_tokens=max(NUM_SPEC_TOKENS), draft_model_config=cfg.model_config,
-        use_dspark=lambda: True)
-    cfg.kernel_config.moe_backend = "auto"
-    cfg.parallel_config.data_parallel_size = 1
-    cfg.parallel_config.pipeline_parallel_size = 1
-    cfg.parallel_config.enable_expert_parallel = False
-    cfg.kernel_config.enable_jit_warmup = False
-    return cfg
+    """``_v41_config`` with DeepSeek-V4.1's DSpark draft."""
+    return _add_dspark_draft(harness._v41_config())
 
 
 def probe_v41_draft_attention() -> dict[str, Any]:
     """Attention class DeepSeek-V4.1's DSpark draft layers (``DSparkV41DraftModel``:
     ``deepseek_v41/nvidia/dspark.py``, V4.1's own decoder layer) select."""
-    import torch
-
     from vllm.models.deepseek_v41.nvidia import dspark, model
 
-    stub = harness._stub_cls()
-    real = model._select_dsv4_attn_cls
-    picked: list[str] = []
-
-    def select(vllm_config: Any) -> Any:
-        cls = real(vllm_config)
-        picked.append(harness._describe(cls))
-        raise _Picked  # the rest of the decoder layer (MoE, mHC) is not under test
-
-    class Layer(torch.nn.Module):  # each DSpark layer: record the selection, go on
-        def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
-            super().__init__()
-            try:
-                model.DeepseekV4DecoderLayer(vllm_config, **kwargs)
-            except _Picked:
-                pass
-
-    cfg = _v41_draft_config()
-    out: dict[str, Any] = {}
-    with harness._patched([(model, "_select_dsv4_attn_cls", select)] + [
-            (dspark, n, stub) for n in (
-                "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding", "DSparkMarkovHead",
-                "DSparkConfidenceHead")] + [
-            (dspark, "DeepseekV4DecoderLayer", Layer),
-            (dspark, "maybe_init_gemm_rs", lambda *a, **k: False),
-            (dspark, "get_current_vllm_config", lambda: cfg)]):
-        try:
-            dspark.DSparkDeepseekV4Model(vllm_config=cfg, prefix="model")
-        except Exception as exc:
-            out["dspark_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        out["dspark"] = list(picked)
-    return out
+    return _dspark_selections(model, dspark, _v41_draft_config(), (
+        "RMSNorm", "ReplicatedLinear", "VocabParallelEmbedding", "DSparkMarkovHead",
+        "DSparkConfidenceHead"), [(dspark, "maybe_init_gemm_rs", lambda *a, **k: False)])
 
 
 def probe_v41_draft_insert() -> dict[str, Any]:
