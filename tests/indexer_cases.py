@@ -152,9 +152,10 @@ def decode_queries(case, g):
     return qc, q64, dyadic_weights((case.B * case.NN, case.H), g)
 
 
-def run_decode_candidates(case, qc_dev, w_dev, out, blocks, write):
+def run_decode_candidates(case, qc_dev, w_dev, out, blocks, write, candidate_budget=None):
     I.decode_topk(qc_dev, w_dev, case.pages_dev, case.ctx_dev, case.bt_dev, case.bs, case.K, out,
-                  pages_per_tile=1, candidates=I.CandidateStep(blocks, case.cbs, write=write))
+                  pages_per_tile=1, candidates=I.CandidateStep(blocks, case.cbs, write=write),
+                  candidate_budget=candidate_budget)
 
 
 def check_decode_rows(case, q64, w64, out, blocks, write):
@@ -176,7 +177,9 @@ def check_decode_rows(case, q64, w64, out, blocks, write):
             assert {j for j in out[r].tolist() if j >= 0} == want, r
 
 
-def check_decode_candidates(dev, write):
+def check_decode_candidates(dev, write, candidate_budget=None):
+    """``candidate_budget``: decode_topk's bytes of candidate block keys; small ones make the
+    candidate source run in chunks of requests (:func:`decode_candidate_chunks`)."""
     g = torch.Generator().manual_seed(7)
     case = decode_case(g, dev)
     qc, q64, w64 = decode_queries(case, g)
@@ -187,5 +190,14 @@ def check_decode_candidates(dev, write):
         cand = torch.randint(-1, 18, (rows, case.nblk), generator=g, dtype=torch.int32)
     out = torch.full((rows, case.K), -7, dtype=torch.int32, device=dev)
     cand_dev = cand.to(dev)
-    run_decode_candidates(case, qc.to(dev), w64.float().to(dev), out, cand_dev, write)
+    run_decode_candidates(case, qc.to(dev), w64.float().to(dev), out, cand_dev, write,
+                          candidate_budget)
     check_decode_rows(case, q64, w64, out.cpu(), cand_dev.cpu(), write)
+
+
+def decode_candidate_chunks(case, candidate_budget):
+    """The request chunks ``decode_topk`` runs ``case``'s candidate source in: [(first row,
+    rows)], one entry without chunking."""
+    per = I.candidate_decode_requests(case.B, case.NN, case.bt.shape[1] * case.bs, case.cbs,
+                                      candidate_budget)
+    return [(b0 * case.NN, (min(case.B, b0 + per) - b0) * case.NN) for b0 in range(0, case.B, per)]

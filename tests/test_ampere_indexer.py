@@ -10,8 +10,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from deepinfer_sm80.ampere import indexer as I  # noqa: E402
 
 from indexer_cases import (check_decode_candidates, check_prefill_candidate_mask,  # noqa: E402
-                           check_prefill_candidate_write, dyadic_fp8, dyadic_weights,
-                           k_scales, logits64)
+                           check_prefill_candidate_write, decode_candidate_chunks, decode_case,
+                           dyadic_fp8, dyadic_weights, k_scales, logits64)
 
 
 def test_order_keys_total_order_and_ties():
@@ -199,6 +199,43 @@ def test_decode_candidates_match_oracle(write):
     check_decode_candidates("cpu", write)
 
 
+# decode_case: 3 requests x 2 rows over 4 pages of 64 positions, candidate blocks of 16, so
+# 2 x 16 x 8 = 256 bytes of block keys a request
+@pytest.mark.parametrize("budget,chunks", [(256, [(0, 2), (2, 2), (4, 2)]), (600, [(0, 4), (4, 2)]),
+                                           (768, [(0, 6)]), (1, [(0, 2), (2, 2), (4, 2)])])
+def test_decode_candidate_source_in_request_chunks_matches_oracle(monkeypatch, budget, chunks):
+    """Where the source layer's block keys exceed the budget, decode_topk runs chunks of
+    whole requests (at least one), each with its own step over its rows of the candidate
+    buffer: the same blocks and top-k as the oracle's. A spy sees the chunks' steps begin."""
+    assert decode_candidate_chunks(decode_case(torch.Generator().manual_seed(7), "cpu"),
+                                   budget) == chunks
+    seen = []
+    orig = I.CandidateStep.begin
+
+    def spy(self, r0, r1, *a, **kw):
+        seen.append((self.blocks.data_ptr(), r1 - r0))
+        return orig(self, r0, r1, *a, **kw)
+
+    monkeypatch.setattr(I.CandidateStep, "begin", spy)
+    check_decode_candidates("cpu", True, candidate_budget=budget)
+    base = seen[0][0]
+    row_bytes = 4 * 4  # int32 [rows, 4 blocks]
+    assert [((p - base) // row_bytes, n) for p, n in seen] == chunks
+    seen.clear()  # masking layers keep no block keys: one pass whatever the budget
+    check_decode_candidates("cpu", False, candidate_budget=budget)
+    assert len(seen) == 1
+
+
+def test_candidate_decode_requests():
+    # V4.1 at 1M tokens: 262,144 compressed columns in blocks of 8 -> 256 KB a row
+    assert I.candidate_decode_requests(1536, 1, 262144, 8) == 256
+    assert I.candidate_decode_requests(256, 6, 262144, 8) == 42
+    assert I.candidate_decode_requests(100, 1, 262144, 8) == 100  # 25 MB: one pass
+    assert I.candidate_decode_requests(4, 8, 1 << 30, 8) == 1  # never below one request
+    assert I.candidate_decode_requests(1536, 1, 32768, 8) == 1536  # 128K tokens: 48 MB
+    assert I.candidate_decode_requests(10, 1, 64, 8, budget=128) == 2
+
+
 def test_cuda_merges_pass_the_window_and_best_or_concatenate(monkeypatch):
     """The CUDA merges' operands (``_topk_operands``): with a window and an extension whose
     schema has it, ``keys`` plus lo / hi / col0 and ``best`` as is; without a window, with
@@ -275,7 +312,10 @@ def test_scratch_bounds_cover_the_tile_buffers_and_candidate_keys():
         assert base >= rows * tile * 8 + 2 * rows * 512 * 8
         write = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108, candidate_k=2048,
                                         candidate_block_size=8, candidate_write=True)
-        assert write - base >= rows * 32768 * 8
+        chunk = min(rows, I.candidate_decode_requests(rows, 1, 262144, 8))  # rows of a chunk
+        chunk_base = IM.decode_scratch_bytes(chunk, 64, 262144, 64, 512, sm_count=108)
+        assert write - chunk_base >= chunk * 32768 * 8
+        assert chunk * 32768 * 8 <= I.CANDIDATE_DECODE_BUDGET
         mask = IM.decode_scratch_bytes(rows, 64, 262144, 64, 512, sm_count=108, candidate_k=2048,
                                        candidate_block_size=8)
         assert mask == base  # the kernels mask the key tile in place

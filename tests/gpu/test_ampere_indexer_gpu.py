@@ -33,6 +33,11 @@ def test_decode_candidates_match_oracle(write):
     IC.check_decode_candidates("cuda", write)
 
 
+@pytest.mark.parametrize("budget", [1, 600])  # 3 chunks of one request; 2 + 1 requests
+def test_decode_candidate_source_in_request_chunks_matches_oracle(budget):
+    IC.check_decode_candidates("cuda", True, candidate_budget=budget)
+
+
 def test_decode_candidate_chain_cuda_graph_replay_equals_eager():
     """The candidate-source layer's write and a later layer's mask in one captured CUDA graph
     (vLLM captures every layer of a decode step), replayed on fresh queries: bit-equal to eager

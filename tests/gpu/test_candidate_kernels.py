@@ -308,6 +308,28 @@ def test_decode_topk_kernels_equal_the_torch_form(rng, monkeypatch, B, NN, ctx, 
     assert bool(masked.any()) or K * cbs >= max(ctx)  # the mask removed positions somewhere
 
 
+@pytest.mark.parametrize("B,NN,ctx,budget", [
+    (4, 1, [2048, 0, 1, 700], 1),                          # a chunk per request
+    (3, 6, [4090 + i for i in range(6)] + [1, 2, 3, 4, 5, 6] + [300 + i for i in range(6)],
+     2 * 6 * 32768 * 8),                                   # DSpark rows: 2 + 1 requests
+])
+def test_decode_candidate_source_in_request_chunks_equals_one_pass(rng, monkeypatch, B, NN, ctx,
+                                                                    budget):
+    """The candidate source over vLLM's 1M-wide block table, in chunks of requests (a small
+    ``candidate_budget``) and in one pass: the same top-k and the same written blocks, bit for
+    bit, on the kernels' path (the chunked rows of ``out`` past the batch untouched)."""
+    H, topk, K, cbs, width = 32, 512, 2048, 8, 262144
+    g = torch.Generator(device=DEV).manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    s, bs_page = _decode_set(g, B, NN, torch.tensor(ctx).view(B, NN), width, H)
+    got = []
+    for kw in ({"candidate_budget": budget}, {}):
+        blocks = torch.full((B * NN, K), -7, dtype=torch.int32, device=DEV)
+        out = _run(monkeypatch, s, B, NN, H, bs_page, topk, blocks, cbs, True, "1", **kw)
+        got.append((out, blocks.cpu()))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert bool((got[0][0][B * NN:] == -7).all())
+
+
 def test_decode_topk_takes_the_kernels_on_a_wide_table(monkeypatch):
     """The kernel path is what runs (not a silent fallback): the torch form's full-width
     buffers are not allocated (CandidateStep.kernels), and the fill is skipped."""

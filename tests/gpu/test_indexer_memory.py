@@ -55,10 +55,13 @@ def _peak(fn):
 
 
 @pytest.mark.parametrize("candidates", [None, "write", "mask", "mask-torch"])
-@pytest.mark.parametrize("B,NN", [(1, 1), (64, 1), (256, 1), (64, 6), (384, 1)])
+@pytest.mark.parametrize("B,NN", [(1, 1), (64, 1), (256, 1), (64, 6), (384, 1), (1536, 1)])
 def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     """``mask-torch``: 256-position candidate blocks, which the 43,648-column tiles of 384 rows
-    do not hold whole: the torch form masks the tile (in place, one bool tile more)."""
+    do not hold whole: the torch form masks the tile (in place, one bool tile more).
+    ``write`` at 384 and 1,536 rows: the block keys (256 KB a row) exceed
+    ``CANDIDATE_DECODE_BUDGET``, so the decode runs in chunks of 256 requests and its peak is
+    one chunk's (unchunked, 1,536 rows took 402 MB of keys alone)."""
     rows, cbs = B * NN, (256 if candidates == "mask-torch" else CBS)
     total = WIDE_PAGES * BS
     pages = IC.random_indexer_pages(48, BS, D, rng, nan=False).to(DEV)
@@ -80,9 +83,12 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
         I.decode_topk(q, w, pages, hi, bt, BS, K, out, scorer="cuda", candidates=step)
 
     peak = _peak(call)
-    bound = I.decode_tile_budget(rows) + 2 * rows * K * 8 + SLACK
+    # the candidate source runs in chunks of requests where its keys exceed the budget
+    chunk = (min(B, I.candidate_decode_requests(B, NN, total, cbs)) * NN
+             if candidates == "write" else rows)
+    bound = I.decode_tile_budget(chunk) + 2 * chunk * K * 8 + SLACK
     if candidates == "write":  # one key per (row, candidate block) and the visible block counts
-        bound += rows * (-(-total // cbs)) * 8 + rows * 4
+        bound += chunk * (-(-total // cbs)) * 8 + chunk * 4
     # "mask": the candidate kernels mask the key tile in place (nothing more); the torch form
     # adds its keep mask [rows, blocks + 1] and one bool tile
     elif candidates == "mask-torch":
@@ -91,7 +97,7 @@ def test_decode_topk_temporaries_within_the_tile_budget(rng, B, NN, candidates):
     # what the vLLM adapter's profile run reserves for such a step (indexer_memory)
     cand = {} if candidates is None else dict(candidate_k=CAND_K, candidate_block_size=cbs,
                                               candidate_write=candidates == "write")
-    scratch = IM.decode_scratch_bytes(rows, H, total, BS, K, sm_count=_sms(), **cand)
+    scratch = IM.decode_scratch_bytes(rows, H, total, BS, K, sm_count=_sms(), next_n=NN, **cand)
     assert peak <= scratch + SLACK, f"{peak} bytes above the inputs, profile bound {scratch}"
     if rows * total * 8 > 4 * bound:  # (B = 1: the whole table is one tile within the budget)
         assert peak < rows * total * 8 // 2  # far from a table-wide key buffer

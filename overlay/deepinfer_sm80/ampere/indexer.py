@@ -54,6 +54,26 @@ def decode_tile_budget(rows: int) -> int:
     return min(DECODE_TILE_BUDGET_MAX, max(DEFAULT_TILE_BUDGET, rows * DECODE_TILE_MIN_COLS * 8))
 
 
+# decode_topk's candidate-source step (DeepSeek-V4.1, ``CandidateStep(write=True)``) keeps one
+# int64 key per (row, candidate block) of the whole block table: 256 KB a row at 1M tokens
+# (blocks of 8 compressed positions), 402 MB at 1,536 rows. Where the batch's keys would exceed
+# this many bytes the decode runs in chunks of whole requests whose keys fit (at least one
+# request a chunk). The chunks' key tiles widen as their rows shrink (decode_tile_budget), so
+# the number of scorer launches stays about that of one pass.
+CANDIDATE_DECODE_BUDGET = 1 << 26
+
+
+def candidate_decode_requests(requests: int, next_n: int, columns: int, block_size: int,
+                              budget: int | None = None) -> int:
+    """Requests per chunk of a decode of ``requests`` x ``next_n`` rows over ``columns``
+    positions whose candidate-source step takes blocks of ``block_size``: as many as keep the
+    chunk's block keys within ``budget`` bytes (default :data:`CANDIDATE_DECODE_BUDGET`), at
+    least 1, at most ``requests`` (one pass)."""
+    budget = CANDIDATE_DECODE_BUDGET if budget is None else budget
+    per_request = max(1, next_n) * max(1, -(-columns // max(1, block_size))) * 8
+    return max(1, min(requests, budget // per_request))
+
+
 def decode_tile_cols(rows: int, block_size: int, budget: int) -> int:
     """decode_topk's column tile for the fused scorers: whole pages of ``block_size`` columns,
     as many as ``budget`` bytes of int64 keys for ``rows`` rows hold (at least one page)."""
@@ -559,9 +579,13 @@ def decode_topk(
     tile_budget: int | None = None,
     scorer: str = "auto",
     candidates: CandidateStep | None = None,
+    candidate_budget: int | None = None,
 ) -> torch.Tensor:
     """Paged decode scoring + top-k into ``out`` [B * next_n, >= topk] int32.
-    ``candidates``: DeepSeek-V4.1's two-level selection (rows aligned with ``out``).
+    ``candidates``: DeepSeek-V4.1's two-level selection (rows aligned with ``out``); a writing
+    step whose block keys would exceed ``candidate_budget`` bytes (default
+    :data:`CANDIDATE_DECODE_BUDGET`) runs in chunks of whole requests
+    (:func:`candidate_decode_requests`), with the same results.
     ``tile_budget``: bytes of the column tile's key buffer (fused scorers; default
     :func:`decode_tile_budget`) or elements of its score buffer (torch form; default
     ``DEFAULT_TILE_BUDGET``).
@@ -580,6 +604,19 @@ def decode_topk(
     if maxb * block_size == 0:  # no cache position to select
         out[:rows, :topk] = -1
         return out
+    if candidates is not None and candidates.write:
+        per = candidate_decode_requests(B, NN, maxb * block_size, candidates.block_size,
+                                        candidate_budget)
+        if per < B:
+            lens = context_lens.reshape(B, -1)
+            for b0 in range(0, B, per):
+                b1, r0, r1 = min(B, b0 + per), b0 * NN, min(B, b0 + per) * NN
+                step = CandidateStep(candidates.blocks[r0:r1], candidates.block_size, True)
+                decode_topk(q_fp8[b0:b1], weights[r0:r1], kv_cache, lens[b0:b1],
+                            block_table[b0:b1], block_size, topk, out[r0:r1],
+                            pages_per_tile=pages_per_tile, tile_budget=tile_budget,
+                            scorer=scorer, candidates=step, candidate_budget=candidate_budget)
+            return out
     best = None
     scorer = _scorer_choice(scorer)
     use_cuda = _use_cuda_paged(scorer, q_fp8, kv_cache)

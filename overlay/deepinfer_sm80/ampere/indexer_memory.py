@@ -16,7 +16,8 @@ Imports nothing but the indexer's own tiling rules (no torch tensors are made he
 
 from __future__ import annotations
 
-from .indexer import DEFAULT_TILE_BUDGET, decode_tile_budget, decode_tile_cols
+from .indexer import (DEFAULT_TILE_BUDGET, candidate_decode_requests, decode_tile_budget,
+                      decode_tile_cols)
 
 # csrc/index/row_topk.cu ``kStageMax``: a windowed row top-k without a prefix over more keys
 # than this, with at most a quarter as many rows as SMs, splits each row in chunks of this many
@@ -47,17 +48,32 @@ def candidate_write_bytes(rows: int, columns: int, k: int, block_size: int,
 
 def decode_scratch_bytes(rows: int, heads: int, columns: int, block_size: int, topk: int, *,
                          sm_count: int, tile_budget: int | None = None, candidate_k: int = 0,
-                         candidate_block_size: int = 0, candidate_write: bool = False) -> int:
-    """``decode_topk`` on ``rows`` query rows over a block table of ``columns`` positions
-    (pages of ``block_size``): the column tile's key buffer, the per-row operands (fp32
-    weights, row -> request map, windows), the running best k keys (counted twice: the first
-    merge's result and the in-place ones), the row top-k's split workspace; with
-    ``candidate_write`` the candidate step's block keys. Masking layers add nothing (the
-    kernels mask the key tile in place) unless the tile does not hold whole candidate blocks:
-    then the step takes its torch form, whose keep mask and bool tile (masking) or
-    per-block temporaries (writing) are counted."""
+                         candidate_block_size: int = 0, candidate_write: bool = False,
+                         next_n: int = 1, candidate_budget: int | None = None) -> int:
+    """``decode_topk`` on ``rows`` query rows (``next_n`` a request) over a block table of
+    ``columns`` positions (pages of ``block_size``): the column tile's key buffer, the per-row
+    operands (fp32 weights, row -> request map, windows), the running best k keys (counted
+    twice: the first merge's result and the in-place ones), the row top-k's split workspace;
+    with ``candidate_write`` the candidate step's block keys, of one chunk of requests where
+    they exceed ``candidate_budget`` (``candidate_decode_requests``: the larger of the full
+    and the last chunk). Masking layers add nothing (the kernels mask the key tile in place)
+    unless the tile does not hold whole candidate blocks: then the step takes its torch form,
+    whose keep mask and bool tile (masking) or per-block temporaries (writing) are counted."""
     if rows <= 0 or columns <= 0:
         return 0
+    if candidate_write and candidate_block_size > 0 and candidate_k > 0:
+        nn = max(1, next_n)
+        reqs = _cdiv(rows, nn)
+        per = candidate_decode_requests(reqs, nn, columns, candidate_block_size, candidate_budget)
+        if per < reqs:
+            last = reqs - (reqs - 1) // per * per
+            return max(decode_scratch_bytes(r * nn, heads, columns, block_size, topk,
+                                            sm_count=sm_count, tile_budget=tile_budget,
+                                            candidate_k=candidate_k,
+                                            candidate_block_size=candidate_block_size,
+                                            candidate_write=True, next_n=nn,
+                                            candidate_budget=candidate_budget)
+                       for r in {per, last})
     budget = decode_tile_budget(rows) if tile_budget is None else tile_budget
     tile = min(decode_tile_cols(rows, block_size, budget), columns)
     n = rows * tile * 8 + rows * heads * 4 + rows * 4 * 3

@@ -65,6 +65,7 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
     candidate_write = False
     # decode rows of one step (max_num_seqs x (1 + speculative tokens)); 0: as many as tokens
     max_decode_rows = 0
+    decode_next_n = 1
 
     def __init__(self, k_cache, quant_block_size: int, scale_fmt: str, topk_tokens: int,
                  head_dim: int, max_model_len: int, max_total_seq_len: int,
@@ -106,6 +107,7 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
         n_spec = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
         max_seqs = int(getattr(cfg.scheduler_config, "max_num_seqs", 0) or 0)
         self.max_decode_rows = max_seqs * (1 + n_spec)
+        self.decode_next_n = 1 + n_spec  # rows a request in a decode step
 
     def profile_scratch_bytes(self, tokens: int, heads: int, device: torch.device) -> int:
         """The most memory one step of this indexer takes beyond its inputs, outputs and
@@ -132,7 +134,8 @@ class AmpereSparseAttnIndexer(SparseAttnIndexer):
             row_columns=self.max_model_len, **cand)
         rows = min(tokens, self.max_decode_rows) if self.max_decode_rows else tokens
         decode = indexer_memory.decode_scratch_bytes(rows, heads, columns, page, topk,
-                                                     sm_count=sms, **cand)
+                                                     sm_count=sms, next_n=self.decode_next_n,
+                                                     **cand)
         k = cand.get("candidate_k", 0)
         decode += rows * (topk * 4 + heads * (self.head_dim + 4) + 2 * k * 4)  # packed copies
         return max(prefill, decode)
