@@ -11,9 +11,11 @@ CUDA one. Same inputs across the variants; the indices (and the written blocks) 
 between the narrow and the wide table. Inputs as in bench_indexer_keys.py (random codes, fresh
 per run, sets rotated past twice the L2); CUDA-graph replay, median per call. Also
 ``prefill_topk`` as the candidate source and as a masking layer, the step through the extension
-or in its torch form.
+or in its torch form. And the candidate source over many rows (``--chunks`` alone): in chunks of
+requests (``CANDIDATE_DECODE_BUDGET``, the default) against one pass, the same blocks and indices,
+times and peak temporary memory.
 
-    python bench/bench_v41_width.py [--quick] [--no-doc] [--label L]
+    python bench/bench_v41_width.py [--quick | --chunks] [--no-doc] [--label L]
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ QUICK = [(1, 1, 2048, 32, 262144), (64, 1, 2048, 32, 262144)]
 PREFILL = [(2048, 4096, 32), (4096, 16384, 32)]  # (tokens, compressed positions, heads)
 QUICK_PREFILL = [(2048, 4096, 32)]
 KERNEL_FORMS = {"cuda": "1", "torch": "0"}
+# the candidate source where its block keys exceed CANDIDATE_DECODE_BUDGET: 1,536 plain rows
+# (402 MB of keys in one pass, 6 chunks of 256) and 256 requests of 6 DSpark rows (7 chunks)
+CHUNK_SHAPES = [(1536, 1, 2048, 32, 262144), (256, 6, 2048, 32, 262144)]
+ONE_PASS = {"candidate_budget": 1 << 62}
 
 
 def call(s, B, NN, H, bt_key, mode, cand, form):
@@ -55,6 +61,8 @@ def call(s, B, NN, H, bt_key, mode, cand, form):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--chunks", action="store_true",
+                    help="only the candidate source in request chunks against one pass")
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--label", default="", help="prefix of the impl names (e.g. the build)")
     args = ap.parse_args(argv)
@@ -70,6 +78,9 @@ def main(argv=None) -> int:
         "candidate step (same run); torch = $DEEPINFER_CANDIDATE_KERNEL=0; CUDA-graph replay, "
         "median per call, input sets rotated past 2x L2")
     g = torch.Generator(device="cuda").manual_seed(common.fresh_seed())
+    if args.chunks:
+        chunks(report, g, lbl, CHUNK_SHAPES)
+        return report.finish(not args.no_doc)
     for B, NN, ctx, H, width in (QUICK if args.quick else SHAPES):
         shape = f"{B} req x {NN} rows, ctx {ctx}, width {width}"
         rows = B * NN
@@ -110,7 +121,64 @@ def main(argv=None) -> int:
         sets = None
         torch.cuda.empty_cache()
     prefill(report, g, lbl, QUICK_PREFILL if args.quick else PREFILL)
+    if not args.quick:
+        chunks(report, g, lbl, CHUNK_SHAPES)
     return report.finish(not args.no_doc)
+
+
+def chunks(report, g, lbl, shapes):
+    """The candidate source (write, the step's kernels) over the wide table in chunks of
+    requests (decode_topk's default) and in one pass (``candidate_budget`` unbounded), and the
+    plain call: the same indices and blocks; CUDA-graph replay, median per call; the peak
+    temporary memory of one eager call (``torch.cuda.max_memory_allocated`` above the inputs)."""
+    for B, NN, ctx, H, width in shapes:
+        rows = B * NN
+        per = I.candidate_decode_requests(B, NN, width, CAND_BS)
+        shape = f"{B} req x {NN} rows, ctx {ctx}, width {width}"
+        sets, _ = wide_sets(B, NN, ctx, H, width, g, key_buffers=2)
+        for s in sets:
+            s["cand"] = torch.full((rows, CAND_BLOCKS), -7, dtype=torch.int32, device="cuda")
+        variants = {"plain": ("plain", {}), f"chunks of {per} requests": ("write", {}),
+                    "one pass": ("write", ONE_PASS)}
+
+        def run(s, mode, kw):
+            q4 = s["q"].view(B, NN, H, -1)
+            step = None if mode == "plain" else I.CandidateStep(s["cand"], CAND_BS, write=True)
+            return lambda: with_env({"DEEPINFER_CANDIDATE_KERNEL": "1"}, lambda: I.decode_topk(
+                q4, s["w"], s["pages"], s["lens"], s["bt_wide"], BS, TOPK, s["idx"],
+                scorer="cuda", candidates=step, **kw))
+
+        s0, got, peak = sets[0], {}, {}
+        for name, (mode, kw) in variants.items():
+            run(s0, mode, kw)()  # (compiles, allocator)
+            s0["idx"].fill_(-7)
+            s0["cand"].fill_(-7)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            run(s0, mode, kw)()
+            torch.cuda.synchronize()
+            peak[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            got[name] = (s0["idx"].clone(), s0["cand"].clone())
+        a, b = got[f"chunks of {per} requests"], got["one pass"]
+        report.check(f"{shape}: chunks of {per} requests and one pass give the same indices and "
+                     "blocks", torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+        report.check(f"{shape}: the plain call's indices equal the source layer's",
+                     torch.equal(got["plain"][0], a[0]))
+        report.notes.append(f"{shape}: peak temporary memory of one eager call, MiB: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in peak.items()))
+        print(report.notes[-1], flush=True)
+        one = None
+        for name in ["one pass"] + [k for k in variants if k != "one pass"]:
+            mode, kw = variants[name]
+            t = common.graph_time([run(s, mode, kw) for s in sets], min_calls=common.CALLS_PER_REPLAY)
+            one = one or t.median_us
+            report.add(mode="write" if mode == "write" else "plain", shape=shape,
+                       impl=f"{lbl}{name}", median_us=t.median_us, vs_plain=t.median_us / one)
+            print(report.rows[-1], flush=True)
+        report.notes.append(f"{shape}: vs_plain of these rows is against the one-pass call")
+        sets = None
+        torch.cuda.empty_cache()
 
 
 def prefill(report, g, lbl, shapes):

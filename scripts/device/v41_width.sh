@@ -8,7 +8,8 @@
 #   none:    the benchmark only (default)
 #   profile: no test, no benchmark: the step's kernels per call from torch.profiler
 #            (bench/profile_v41_indexer.py) for each BATCH:CTX of $V41W_PROFILE
-# V41W_QUICK=1 runs the benchmark's two quick shapes. Logs and JSON come back in $OUT.
+# V41W_QUICK=1 runs the benchmark's two quick shapes; V41W_CHUNKS=1 only the candidate source
+# in request chunks against one pass. Logs and JSON come back in $OUT.
 set -uo pipefail
 MODE=${1:-none}
 source "$(dirname "$0")/bundle_env.sh" v41w
@@ -29,7 +30,7 @@ if [ "$MODE" != none ]; then
   echo "=== gpu tests ($MODE) rc=$rc ($((SECONDS - t0)) s)"
 fi
 t0=$SECONDS
-q=(); [ "${V41W_QUICK:-0}" = 1 ] && q=(--quick)
+q=(); [ "${V41W_QUICK:-0}" = 1 ] && q=(--quick); [ "${V41W_CHUNKS:-0}" = 1 ] && q+=(--chunks)
 DEEPINFER_BENCH_COMMAND="bash scripts/device/v41_width.sh $MODE" \
   $PY bench/bench_v41_width.py --no-doc "${q[@]}" > "$OUT/bench-v41-width.log" 2>&1 || rc=1
 grep -vE "^\s*$" "$OUT/bench-v41-width.log" | grep -E "^\{|^\||PASS|FAIL|Error|rror" | head -80
