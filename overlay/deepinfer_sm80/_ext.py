@@ -12,20 +12,14 @@ it. ``load()`` does the same and returns the path it loaded.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from deepinfer_sm80._ext_paths import candidates as _candidates
+from deepinfer_sm80._ext_paths import override as _override
+
 _loaded: Path | None = None
-
-
-def _candidates() -> list[Path]:
-    env = os.environ.get("DEEPINFER_SM80_EXT") or os.environ.get("DEEPINFER_SM80_LIB")
-    if env:
-        return [Path(env)]
-    here = Path(__file__).resolve().parent
-    return sorted(here.glob("_C*.so"))
 
 
 def load() -> Path:
@@ -35,8 +29,7 @@ def load() -> Path:
         return _loaded
     cands = [p for p in _candidates() if p.is_file()]
     if not cands:
-        where = (os.environ.get("DEEPINFER_SM80_EXT") or os.environ.get("DEEPINFER_SM80_LIB")
-                 or str(Path(__file__).resolve().parent))
+        where = _override() or str(Path(__file__).resolve().parent)
         raise ImportError(
             f"deepinfer_sm80._C is not built (looked in {where}). Build it on a machine "
             "with CUDA and a CUDA build of torch: `make build ARCHS=\"8.0 8.6\"` "
