@@ -189,3 +189,27 @@ def test_doctor_imports_nothing_but_torch_and_the_package():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_smoke_run_compares_with_the_reference(monkeypatch, corrupt):
+    """The smoke run's plumbing on the CPU: the extension's ops swapped for the torch
+    references (so they agree) or for a writer that flips one byte (so they must not)."""
+    torch = pytest.importorskip("torch")
+    from deepinfer_sm80.ops import attention as oa
+    from deepinfer_sm80.ops import cache as oc
+    from deepinfer_sm80.reference import cache as ref
+
+    def insert(k, cache, slots, bs):
+        ref.quantize_and_insert_k_cache(k, cache, slots, bs)
+        if corrupt:
+            cache.view(-1)[cache.view(-1).nonzero()[0]] ^= 1
+
+    monkeypatch.setattr(oc, "quantize_and_insert_k_cache", insert)
+    monkeypatch.setattr(oc, "dequantize_and_gather_k_cache", ref.dequantize_and_gather_k_cache)
+    monkeypatch.setattr(oa, "sparse_mla_plan", lambda *a: {"splits": 1})
+    report = doctor.Report()
+    doctor._smoke(report, torch.device("cpu"))
+    smoke = next(f for f in report.findings if f.topic == "smoke run")
+    assert smoke.level == ("error" if corrupt else "ok"), report.text()
+    assert any(f.topic == "attention plan" for f in report.findings)

@@ -159,13 +159,16 @@ def _smoke(report: Report, device) -> None:
     got = torch.zeros(nb, stride, dtype=torch.uint8, device=device)
     ops.quantize_and_insert_k_cache(k.to(device), got, slots.to(device), bs)
     seq = torch.tensor([200, 37], dtype=torch.int32)
-    bt = torch.randperm(nb, generator=g)[: 2 * 4].view(2, 4).to(torch.int32) % nb
+    bt = torch.randint(0, nb, (2, 4), generator=g, dtype=torch.int32)  # pages may repeat
     out_want = torch.zeros(2, 256, ops.HEAD_DIM, dtype=torch.bfloat16)
     ref.dequantize_and_gather_k_cache(out_want, want, seq, None, bt, bs, 0)
     out_got = torch.zeros(2, 256, ops.HEAD_DIM, dtype=torch.bfloat16, device=device)
     ops.dequantize_and_gather_k_cache(out_got, got, seq.to(device), None, bt.to(device), bs, 0)
-    torch.cuda.synchronize(device)
-    same = torch.equal(got.cpu(), want) and torch.equal(out_got.cpu(), out_want)
+    if got.is_cuda:
+        torch.cuda.synchronize(device)
+    written = int((want != 0).any(1).sum())  # (the rows landed somewhere: not a vacuous match)
+    same = (written > 0 and torch.equal(got.cpu(), want)
+            and torch.equal(out_got.cpu(), out_want))
     if same:
         report.add("ok", "smoke run", "KV-cache writer and gather bit-exact against the torch "
                    "reference on fresh random rows")
