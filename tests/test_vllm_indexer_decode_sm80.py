@@ -22,8 +22,9 @@ import pytest
 
 import vllm_builder_check as checks
 
-#: case -> ((rows, next_n) of the single decode_topk call or None, whether vLLM flattened the
-#: decode, the row counts of the prefill_topk calls: one per prefill chunk).
+#: case -> ((rows, next_n) of the single decode_topk call or None, or a list of the calls'
+#: shapes where the call runs in request chunks (each chunk a call of its own), whether vLLM
+#: flattened the decode, the row counts of the prefill_topk calls: one per prefill chunk).
 EXPECTED = {
     "flat_uniform_c4": ([3, 6], True, []),
     "flat_uniform_c4_k7": ([2, 8], True, []),
@@ -51,6 +52,9 @@ EXPECTED = {
     "v41_short_first_mixed_c2_mask": ([1, 1], False, [32]),
     "v41_native2_padded_c2_write": ([3, 2], False, []),
     "v41_native2_padded_c1_mask": ([3, 2], False, []),
+    # the candidate source one request a chunk: the adapter's call, then one per request
+    "v41_flat_uniform_c2_write_chunks": ([[4, 4]] + [[1, 4]] * 4, True, []),
+    "v41_native2_padded_c2_write_chunks": ([[3, 2]] + [[1, 2]] * 3, False, []),
     # the split without require_uniform: decode lengths [1, 2] as [2, 2] padded rows
     "nonuniform_mixed_c4": ([2, 2], False, [40]),
     "v41_nonuniform_mixed_c2_write": ([2, 2], False, [30]),
@@ -104,7 +108,8 @@ def check_case(results, case):
     assert b["use_flattening"] == flattened, b
     assert r["ok"] and not r["bad_rows"], r
     assert r["rows"] == b["num_decode_tokens"] + sum(prefill_rows) > 0, r
-    assert r["calls"] == ([shape] if shape else []), r
+    calls = shape if shape and isinstance(shape[0], list) else ([shape] if shape else [])
+    assert r["calls"] == calls, r
     assert r["prefill_calls"] == prefill_rows, r
 
 

@@ -78,6 +78,11 @@ CASES: dict[str, tuple[int, int, int, str | None, list[tuple[int, int]]]] = {
     # V4.1 in the padded (pack_seq) decode: a CUDA-graph padding request after next_n 2 ones.
     "v41_native2_padded_c2_write": (1, 2, 128, "write", [(300, 2), (97, 2), (0, 0)]),
     "v41_native2_padded_c1_mask": (1, 1, 128, "mask", [(300, 2), (97, 2), (0, 0)]),
+    # V4.1's candidate source in chunks of requests (CANDIDATE_BUDGET below: one request a
+    # chunk), flattened and regrouped, and in the padded path through the packed candidate rows
+    "v41_flat_uniform_c2_write_chunks": (3, 2, 128, "write",
+                                         [(300, 4), (97, 4), (520, 4), (64, 4)]),
+    "v41_native2_padded_c2_write_chunks": (1, 2, 128, "write", [(300, 2), (97, 2), (0, 0)]),
     # The same batches as the short_first ones with vLLM's split told not to require uniform
     # decodes (NON_UNIFORM_SPLIT: what its builder makes where varlen decodes are allowed):
     # decode lengths [1, 2] padded to [2, 2] rows, the 4th of which is the prefill's first
@@ -119,6 +124,9 @@ FUZZ_CASES = fuzz_cases()
 CASES.update(FUZZ_CASES)
 CASE_ENV.update({name: {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "1"}
                  for i, name in enumerate(sorted(FUZZ_CASES)) if i % 2})
+#: Cases run with ``deepinfer_sm80.ampere.indexer.CANDIDATE_DECODE_BUDGET`` set to this many
+#: bytes: the candidate source's decode then runs one request a chunk.
+CANDIDATE_BUDGET = {"v41_flat_uniform_c2_write_chunks": 1, "v41_native2_padded_c2_write_chunks": 1}
 #: Cases whose metadata is built with split_decodes_and_prefills(require_uniform=False).
 NON_UNIFORM_SPLIT = {"nonuniform_mixed_c4", "v41_nonuniform_mixed_c2_write",
                      "v41_nonuniform_mixed_c2_mask"}
@@ -301,7 +309,9 @@ def run_case(name: str, num_spec: int, ratio: int, page_tokens: int, cand: str |
              lambda: types.SimpleNamespace(attn_metadata={"l.indexer.k_cache": md})),
             (mi.ampere_indexer, "decode_topk", spy),
             (mi.ampere_indexer, "prefill_topk", spy_prefill),
-            (mi.ops, "cp_gather_indexer_k_quant_cache", cp_gather_indexer_k_quant_cache)]):
+            (mi.ops, "cp_gather_indexer_k_quant_cache", cp_gather_indexer_k_quant_cache)]
+            + ([(mi.ampere_indexer, "CANDIDATE_DECODE_BUDGET", CANDIDATE_BUDGET[name])]
+               if name in CANDIDATE_BUDGET else [])):
         op._forward(torch.zeros(T + spare, 8, device=DEVICE),
                     q.to(DEVICE).view(torch.float8_e4m3fn), None, w64.float().to(DEVICE))
     buf = buf.cpu()
