@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# vLLM's TileLang mHC kernels timed as SM80 code (bench/bench_mhc.py) on the GPU box, against
+# the same math in fp32 torch and the copy-bandwidth floor, all in the same run.
+# Carry: dist (make gpu-bundle) and .tl (scripts/device/tilelang_carry.sh), as for mhc.sh.
+#   bash scripts/device/mhc_bench.sh [quick]
+# TileLang generates SM80 code (arch sm_80), compiled from compute_80 to this device's
+# machine code; the platform reports 8.0 and the split-k grids are sized for 108 SMs.
+REPO=$(pwd)
+source scripts/device/bundle_env.sh mhc-bench
+SITE=/tmp/tlsite; rm -rf "$SITE"; mkdir -p "$SITE"
+tar xJf "$REPO/.tl/tilelang-site.tar.xz" -C "$SITE" || exit 2
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+DEV_CC=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
+export TILELANG_DEFAULT_TARGET="{\"kind\": \"cuda\", \"arch\": \"sm_80\", \"code\": [\"sm_$DEV_CC\"]}"
+$PY -c 'import tilelang; print("tilelang", tilelang.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
+q=(); [ "${1:-}" = quick ] && q=(--quick)
+t0=$SECONDS
+DEEPINFER_BENCH_COMMAND="bash scripts/device/mhc_bench.sh ${1:-}" \
+  $PY bench/bench_mhc.py --no-doc "${q[@]}" > "$OUT/bench-mhc.log" 2>&1 || rc=1
+grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/bench-mhc.log" | head -120
+echo "=== bench_mhc ($((SECONDS - t0)) s)"
+find bench/results -name 'bench_mhc*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+echo "mhc_bench.sh rc=$rc"; exit $rc
