@@ -226,6 +226,21 @@ def test_decode_candidate_source_in_request_chunks_matches_oracle(monkeypatch, b
     assert len(seen) == 1
 
 
+def test_chunked_source_bound_covers_flattened_rows():
+    """The profile bound for a step with 6 rows a request holds a decode of the same rows one
+    a request (vLLM flattens DSpark's decode below SM90), whose chunks can hold more rows,
+    and each chunk's own bound."""
+    from deepinfer_sm80.ampere import indexer_memory as IM
+
+    kw = dict(sm_count=108, candidate_k=2048, candidate_block_size=8, candidate_write=True)
+    for rows in (384, 1536, 2046):
+        six = IM.decode_scratch_bytes(rows, 64, 262144, 64, 1024, next_n=6, **kw)
+        one = IM.decode_scratch_bytes(rows, 64, 262144, 64, 1024, next_n=1, **kw)
+        assert six >= one
+        per1 = I.candidate_decode_requests(rows, 1, 262144, 8)
+        assert six >= IM.decode_scratch_bytes(per1, 64, 262144, 64, 1024, **kw) > 0
+
+
 def test_candidate_decode_requests():
     # V4.1 at 1M tokens: 262,144 compressed columns in blocks of 8 -> 256 KB a row
     assert I.candidate_decode_requests(1536, 1, 262144, 8) == 256

@@ -55,25 +55,29 @@ def decode_scratch_bytes(rows: int, heads: int, columns: int, block_size: int, t
     operands (fp32 weights, row -> request map, windows), the running best k keys (counted
     twice: the first merge's result and the in-place ones), the row top-k's split workspace;
     with ``candidate_write`` the candidate step's block keys, of one chunk of requests where
-    they exceed ``candidate_budget`` (``candidate_decode_requests``: the larger of the full
-    and the last chunk). Masking layers add nothing (the kernels mask the key tile in place)
+    they exceed ``candidate_budget`` (``candidate_decode_requests``: the largest of the full
+    and the last chunk, with ``next_n`` rows a request or with one, as vLLM's flattened
+    decodes below SM90 can come: those chunks hold up to ``next_n`` - 1 rows more). Masking layers add nothing (the kernels mask the key tile in place)
     unless the tile does not hold whole candidate blocks: then the step takes its torch form,
     whose keep mask and bool tile (masking) or per-block temporaries (writing) are counted."""
     if rows <= 0 or columns <= 0:
         return 0
     if candidate_write and candidate_block_size > 0 and candidate_k > 0:
-        nn = max(1, next_n)
-        reqs = _cdiv(rows, nn)
-        per = candidate_decode_requests(reqs, nn, columns, candidate_block_size, candidate_budget)
-        if per < reqs:
-            last = reqs - (reqs - 1) // per * per
-            return max(decode_scratch_bytes(r * nn, heads, columns, block_size, topk,
+        chunks = set()  # (rows of a chunk, rows a request)
+        for nn in {max(1, next_n), 1}:
+            reqs = _cdiv(rows, nn)
+            per = candidate_decode_requests(reqs, nn, columns, candidate_block_size,
+                                            candidate_budget)
+            if per < reqs:
+                chunks |= {(per * nn, nn), ((reqs - (reqs - 1) // per * per) * nn, nn)}
+        if chunks:
+            return max(decode_scratch_bytes(r, heads, columns, block_size, topk,
                                             sm_count=sm_count, tile_budget=tile_budget,
                                             candidate_k=candidate_k,
                                             candidate_block_size=candidate_block_size,
                                             candidate_write=True, next_n=nn,
                                             candidate_budget=candidate_budget)
-                       for r in {per, last})
+                       for r, nn in chunks)
     budget = decode_tile_budget(rows) if tile_budget is None else tile_budget
     tile = min(decode_tile_cols(rows, block_size, budget), columns)
     n = rows * tile * 8 + rows * heads * 4 + rows * 4 * 3
