@@ -38,6 +38,14 @@ def _lib(tmp_path: Path, name: str, gencodes: list[str]) -> Path:
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc to compile the test libraries")
 
 
+@pytest.fixture(autouse=True)
+def _no_vllm_import(monkeypatch):
+    """The doctor's vLLM check imports ``vllm`` (here: overlay/vllm, a namespace package),
+    which would stay in sys.modules for the rest of the suite; it runs in a subprocess in
+    test_vllm_check_in_the_applied_tree instead."""
+    monkeypatch.setattr(doctor, "_vllm", lambda report: report.add("info", "vllm", "(stubbed)"))
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     if NVCC is None:
@@ -213,3 +221,27 @@ def test_smoke_run_compares_with_the_reference(monkeypatch, corrupt):
     smoke = next(f for f in report.findings if f.topic == "smoke run")
     assert smoke.level == ("error" if corrupt else "ok"), report.text()
     assert any(f.topic == "attention plan" for f in report.findings)
+
+
+def test_vllm_check_in_the_applied_tree(tmp_path):
+    """``python -m deepinfer_sm80.doctor`` with the applied tree importable: the overlay's
+    identity at the pinned release (ok); with only overlay/ (no generated pin module): a
+    warning that says to install the applied tree."""
+    import json
+
+    tree = ROOT / "build" / "vllm-0.33.0"
+    if not (tree / "vllm" / "deepinfer_sm80_pin.py").is_file():
+        pytest.skip("no applied tree (make apply)")
+
+    def run(path):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
+        r = subprocess.run([sys.executable, "-m", "deepinfer_sm80.doctor", "--json", "--no-smoke"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        got = json.loads(r.stdout)
+        assert r.returncode == (0 if got["ok"] else 1)
+        return next(f for f in got["findings"] if f["topic"] == "vllm")
+
+    ok = run([ROOT / "overlay", tree])
+    assert ok["level"] == "ok" and "on vLLM 0.33.0" in ok["message"], ok
+    bare = run([ROOT / "overlay"])
+    assert bare["level"] == "warn" and "make apply" in bare["fix"], bare

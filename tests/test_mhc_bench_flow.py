@@ -156,25 +156,43 @@ def test_bench_flow(bench, monkeypatch, broken):
         assert len(failed) == 2 and all(broken in f for f in failed)
 
 
-def test_sm80_platform_helper_restores_what_it_changed(monkeypatch):
-    pytest.importorskip("tilelang", reason="needs tilelang (make test installs vLLM's pin)")
-    monkeypatch.syspath_prepend(str(BENCH))
-    import upstream_import
+HELPER_CHECK = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import mhc_sm80
+real = torch.cuda.get_device_properties
+with mhc_sm80.sm80_mhc() as (wrappers, kernels):
+    import vllm.platforms as platforms
+    inside = platforms._current_platform
+    got = {"major": inside.get_device_capability().major, "pdl": bool(kernels.ENABLE_PDL),
+           "wrapper": callable(wrappers.mhc_fused_post_pre_tilelang),
+           "props_patched": torch.cuda.get_device_properties is not real}
+got["props_restored"] = torch.cuda.get_device_properties is real
+got["platform_restored"] = platforms._current_platform is not inside
+print(json.dumps(got))
+"""
 
+
+def test_sm80_platform_helper_restores_what_it_changed():
+    """In a fresh process (upstream_import refuses a vllm imported from elsewhere, and the
+    suite's other tests import the overlay's)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("tilelang", reason="needs tilelang (make test installs vLLM's pin)")
+    sys.path.insert(0, str(BENCH))
     try:
+        import upstream_import
+
         upstream_import.find_tree()
     except Exception as e:
         pytest.skip(f"no applied vLLM tree: {e}")
-    import mhc_sm80
-
-    real = torch.cuda.get_device_properties
-    with mhc_sm80.sm80_mhc() as (wrappers, kernels):
-        import vllm.platforms as platforms
-
-        assert platforms._current_platform.get_device_capability().major == 8
-        assert not kernels.ENABLE_PDL
-        assert callable(wrappers.mhc_fused_post_pre_tilelang)
-        assert torch.cuda.get_device_properties is not real
-        inside = platforms._current_platform
-    assert torch.cuda.get_device_properties is real
-    assert platforms._current_platform is not inside
+    finally:
+        sys.path.remove(str(BENCH))
+    r = subprocess.run([sys.executable, "-c", HELPER_CHECK, str(BENCH)], capture_output=True,
+                       text=True, timeout=300, cwd=str(ROOT))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"major": 8, "pdl": False, "wrapper": True, "props_patched": True,
+                   "props_restored": True, "platform_restored": True}, got
