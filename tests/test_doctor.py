@@ -111,6 +111,14 @@ def test_verdicts_on_capability_limits_and_code():
             assert f'ARCHS="{cap // 10}.{cap % 10}"' in r.findings[0].fix
 
 
+def test_a_missing_override_is_named(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("DEEPINFER_SM80_EXT", str(tmp_path / "nowhere.so"))
+    report = doctor.run(smoke=False)
+    ext = next(f for f in report.findings if f.topic == "extension")
+    assert ext.level == "error" and "nowhere.so, which is not a file" in ext.message
+
+
 def test_run_without_a_gpu_says_what_to_do(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -175,7 +183,8 @@ def test_a_hopper_gpu_keeps_upstream_unless_forced(monkeypatch, libs):
     _fake_gpu(monkeypatch, 9, 0, sms=132, smem=227 * 1024)
     _fake_extension(monkeypatch, libs["sm90"], doctor.REQUIRED_OPS)
     got = _levels(doctor.run(smoke=False))
-    assert got["path"] == "info" and "limits" not in got
+    assert got["path"] == "info" and "limits" not in got and "ops" not in got
+    assert got["extension"] == "info"  # not used there: no verdict on its code
     forced = doctor.run(smoke=False, force_sm80=True)
     assert _levels(forced)["limits"] == "ok" and forced.ok
 

@@ -226,7 +226,12 @@ def run(device: int | None = None, smoke: bool = True, force_sm80: bool = False)
 
     lib = _library()
     if lib is None:
-        report.add("error", "extension", "deepinfer_sm80/_C.so is not built",
+        from deepinfer_sm80 import _ext_paths
+
+        named = _ext_paths.override()
+        report.add("error", "extension",
+                   f"DEEPINFER_SM80_EXT names {named}, which is not a file" if named
+                   else "deepinfer_sm80/_C.so is not built",
                    'make build ARCHS="8.0 8.6" (or point DEEPINFER_SM80_EXT at a built _C.so)')
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if not cuda:
@@ -251,7 +256,10 @@ def run(device: int | None = None, smoke: bool = True, force_sm80: bool = False)
     if sm80_path:
         check_limits(report, props.multi_processor_count, smem)
     runs = False
-    if lib is not None:
+    if lib is not None and not sm80_path:
+        report.add("info", "extension", f"{lib}: not used on capability "
+                   f"{props.major}.{props.minor} (--force-sm80 checks it anyway)")
+    elif lib is not None:
         runs = check_library_code(report, code_in_library(lib), props.major * 10 + props.minor,
                                   lib)
     loaded = False
