@@ -8,12 +8,7 @@
 # device's machine code (code sm_<major><minor> of the device), as our extension is built.
 REPO=$(pwd)
 source scripts/device/bundle_env.sh mhc
-SITE=/tmp/tlsite; rm -rf "$SITE"; mkdir -p "$SITE"
-tar xJf "$REPO/.tl/tilelang-site.tar.xz" -C "$SITE" || exit 2
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-DEV_CC=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
-export TILELANG_DEFAULT_TARGET="{\"kind\": \"cuda\", \"arch\": \"sm_80\", \"code\": [\"sm_$DEV_CC\"]}"
-$PY -c 'import tilelang; print("tilelang", tilelang.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
+source "$REPO/scripts/device/tilelang_env.sh"
 t0=$SECONDS
 # MHC_TESTS: what this pytest process runs (default the mHC file; other GPU tests may follow
 # it in the same process, e.g. to check that the module leaves the platform as it found it)

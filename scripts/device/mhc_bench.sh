@@ -7,12 +7,7 @@
 # machine code; the platform reports 8.0 and the split-k grids are sized for 108 SMs.
 REPO=$(pwd)
 source scripts/device/bundle_env.sh mhc-bench
-SITE=/tmp/tlsite; rm -rf "$SITE"; mkdir -p "$SITE"
-tar xJf "$REPO/.tl/tilelang-site.tar.xz" -C "$SITE" || exit 2
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-DEV_CC=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
-export TILELANG_DEFAULT_TARGET="{\"kind\": \"cuda\", \"arch\": \"sm_80\", \"code\": [\"sm_$DEV_CC\"]}"
-$PY -c 'import tilelang; print("tilelang", tilelang.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
+source "$REPO/scripts/device/tilelang_env.sh"
 q=(); [ "${1:-}" = quick ] && q=(--quick)
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/mhc_bench.sh ${1:-}" \

@@ -23,7 +23,6 @@ Needs a CUDA GPU, ``tilelang`` (vLLM 0.33.0 pins 0.1.12) and the vLLM tree
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 
@@ -38,11 +37,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 
+import mhc_sm80  # noqa: E402
 import upstream_import  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-A100_SMS = 108
+A100_SMS = mhc_sm80.A100_SMS
 HC = 4
 EPS = 1e-6
 POST_ALPHA = 2.0
@@ -51,56 +51,25 @@ BF16_TOL = dict(atol=1.6e-2, rtol=1e-2)
 MIX_TOL = dict(atol=1e-5, rtol=1e-4)
 
 
-class _SmCount:
-    """torch.cuda device properties with the SM count of the emulated part."""
-
-    def __init__(self, props, sms):
-        self._props, self.multi_processor_count = props, sms
-
-    def __getattr__(self, name):
-        return getattr(self._props, name)
-
-
 @pytest.fixture(scope="module")
 def mhc():
-    target = os.environ.get("TILELANG_DEFAULT_TARGET", "")
-    if '"sm_80"' not in target.replace(" ", ""):
+    """vLLM's wrappers and kernels module under the capability-8.0 platform with the A100's
+    SM count (bench/mhc_sm80.py); both stand-ins are undone afterwards: later tests in this
+    process (make gpu-test runs tests/gpu in one) see the real device."""
+    if not mhc_sm80.target_is_sm80():
         pytest.skip('set TILELANG_DEFAULT_TARGET={"kind": "cuda", "arch": "sm_80", "code": '
                     '["sm_<this device>"]} to run the SM80 code path (scripts/device/mhc.sh)')
+    platform = mhc_sm80.sm80_mhc(A100_SMS)
     try:
-        upstream_import.prepare(shells=("vllm",))
-        import vllm.platforms as platforms
-        from vllm.platforms.cuda import NonNvmlCudaPlatform
-        from vllm.platforms.interface import DeviceCapability
+        wrappers, kernels = platform.__enter__()
     except (upstream_import.UpstreamImportError, ImportError) as e:
         pytest.skip(f"vLLM tree not importable: {e}")
-
-    class Sm80Platform(NonNvmlCudaPlatform):
-        @classmethod
-        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
-            return DeviceCapability(major=8, minor=0)
-
-        @classmethod
-        def is_arch_support_pdl(cls) -> bool:  # upstream asks torch for the device's major
-            return cls.get_device_capability().major >= 9
-
-    # Both stand-ins are undone afterwards: later tests in this process (make gpu-test runs
-    # tests/gpu in one) see the real device.
-    saved_platform = platforms._current_platform
-    platforms._current_platform = Sm80Platform()
-    real = torch.cuda.get_device_properties
-    torch.cuda.get_device_properties = lambda d=None: _SmCount(real(d), A100_SMS)
     try:
-        wrappers = upstream_import.import_upstream("vllm.model_executor.kernels.mhc.tilelang")
-        kernels = upstream_import.import_upstream("vllm.model_executor.kernels.mhc.tilelang_kernels")
         assert kernels.ENABLE_PDL is False
         yield wrappers, kernels
     finally:
-        torch.cuda.get_device_properties = real
-        platforms._current_platform = saved_platform
-    compiled = [(name, str(ck.target)) for name, obj in vars(kernels).items()
-                if isinstance(getattr(obj, "_kernel_cache", None), dict)
-                for ck in obj._kernel_cache.values()]
+        platform.__exit__(None, None, None)
+    compiled = mhc_sm80.compiled_targets(kernels)
     print("tilelang kernels compiled:", json.dumps(sorted({n for n, _ in compiled})))
     assert compiled and all('"arch":"sm_80"' in t.replace(" ", "") for _, t in compiled), compiled
 

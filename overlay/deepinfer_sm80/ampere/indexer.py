@@ -610,7 +610,8 @@ def decode_topk(
         if per < B:
             lens = context_lens.reshape(B, -1)
             for b0 in range(0, B, per):
-                b1, r0, r1 = min(B, b0 + per), b0 * NN, min(B, b0 + per) * NN
+                b1 = min(B, b0 + per)
+                r0, r1 = b0 * NN, b1 * NN
                 step = CandidateStep(candidates.blocks[r0:r1], candidates.block_size, True)
                 decode_topk(q_fp8[b0:b1], weights[r0:r1], kv_cache, lens[b0:b1],
                             block_table[b0:b1], block_size, topk, out[r0:r1],
