@@ -156,6 +156,25 @@ def test_bench_flow(bench, monkeypatch, broken):
         assert len(failed) == 2 and all(broken in f for f in failed)
 
 
+def test_agrees_takes_the_tolerance_from_the_kernels_dtypes(bench):
+    """bf16 outputs get bf16 tolerances, fp32 mixes the tighter MIX_TOL, as the kernels return
+    them (the first version picked them after converting both to fp32, so every output got
+    MIX_TOL and a bf16 output one rounding step off failed: the 2026-12-05 09:27 device run)."""
+    g = torch.Generator().manual_seed(7)
+    want16 = (torch.randn(64, 128, generator=g) * 0.05).to(torch.bfloat16)
+    got16 = want16.float() + 5e-3  # outside MIX_TOL near zero, inside BF16_TOL
+    want32 = torch.rand(64, 4, generator=g)
+    ok, err, why = bench.agrees((got16.to(torch.bfloat16), want32.clone()), (want16, want32))
+    assert ok and not why and 0 < err < 0.5
+    ok, _, why = bench.agrees((want16.clone(), want32 + 5e-3), (want16, want32))
+    assert not ok and why.startswith("output 1 (fp32): ") and "outside" in why
+    bad = want16.clone()
+    bad[0, 0] = float("nan")
+    ok, _, why = bench.agrees((bad, want32.clone()), (want16, want32))
+    assert not ok and why.startswith("output 0 (bf16): 1 of 8192 outside")
+    assert not bench.agrees((want16,), (want16, want32))[0]
+
+
 HELPER_CHECK = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])

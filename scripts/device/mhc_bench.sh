@@ -3,16 +3,26 @@
 # the same math in fp32 torch and the copy-bandwidth floor, all in the same run.
 # Carry: dist (make gpu-bundle) and .tl (scripts/device/tilelang_carry.sh), as for mhc.sh.
 #   bash scripts/device/mhc_bench.sh [quick]
+# MHCB_TESTS=1 runs the float64 GPU test (tests/gpu/test_mhc_tilelang_sm80.py) first, in the
+# same set-up; MHCB_BUDGET=S ends the benchmark S seconds after this script started (default
+# 590); the rows measured by then are in the log.
 # TileLang generates SM80 code (arch sm_80), compiled from compute_80 to this device's
 # machine code; the platform reports 8.0 and the split-k grids are sized for 108 SMs.
 REPO=$(pwd)
 source scripts/device/bundle_env.sh mhc-bench
 source "$REPO/scripts/device/tilelang_env.sh"
 q=(); [ "${1:-}" = quick ] && q=(--quick)
+if [ "${MHCB_TESTS:-0}" = 1 ]; then
+  t0=$SECONDS
+  $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_mhc_tilelang_sm80.py > "$OUT/mhc-tests.log" 2>&1 || rc=1
+  echo "=== mhc tests rc=$rc ($((SECONDS - t0)) s)"; grep -E "passed|failed|error" "$OUT/mhc-tests.log" | tail -3
+  grep -E "outside_tol=[1-9]|Error|error:" "$OUT/mhc-tests.log" | head -20
+fi
 t0=$SECONDS
 DEEPINFER_BENCH_COMMAND="bash scripts/device/mhc_bench.sh ${1:-}" \
-  $PY bench/bench_mhc.py --no-doc "${q[@]}" > "$OUT/bench-mhc.log" 2>&1 || rc=1
-grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/bench-mhc.log" | head -120
+  timeout $((${MHCB_BUDGET:-590} - SECONDS)) $PY bench/bench_mhc.py --no-doc "${q[@]}" \
+  > "$OUT/bench-mhc.log" 2>&1 || rc=1
+grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/bench-mhc.log" | head -150
 echo "=== bench_mhc ($((SECONDS - t0)) s)"
 find bench/results -name 'bench_mhc*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
 echo "mhc_bench.sh rc=$rc"; exit $rc
