@@ -1,0 +1,176 @@
+"""The mHC pre block's projection on SM80 tensor cores (csrc/mhc/prenorm_gemm.cu) against
+vLLM's TileLang fallback below SM90, alone and inside vLLM's whole pre block.
+
+vLLM's pre block (``mhc_pre_tilelang``) is a projection of the 4 residual streams
+(x [T, 4H] bf16 by fn [24, 4H] fp32, plus each token's sum of squares) and a big-fuse kernel
+(mixes, Sinkhorn, the RMS-normed sublayer input). Below SM90 the projection is TileLang's
+``hc_prenorm_gemm(_block_m)`` kernel: fp32 FMA over 1-2 tokens a block, re-reading fn from
+L2 for every 2 tokens (docs/mhc.md: the pre block ran at 10% of its byte floor on an H100).
+
+Rows, all in the same run, per hidden size and token count:
+- ``projection``: ours (grid for 108 SMs: K split as ``deepinfer_sm80.ops.mhc.choose_splits``
+  picks) and vLLM's TileLang fallback (``_hc_prenorm_gemm_outputs`` under the 8.0 platform);
+- ``pre``: vLLM's ``mhc_pre_tilelang`` as is, and the same with its module's
+  ``_hc_prenorm_gemm_outputs`` replaced by ours (the integration point: vLLM's big-fuse
+  kernels read the K splits as they read DeepGEMM's).
+Floors: the bytes each must move at the copy bandwidth of the run. Checks: ours within
+``reference.mhc.OUT_REL_TOL`` of float64 (out) and ``SQRSUM_REL_TOL`` (sqrsum), vLLM's
+fallback's error reported beside it; the pre block with ours within bf16 tolerances of vLLM's
+own (bench_mhc.agrees). CUDA-graph replay, median per call, input sets rotated past 2x L2.
+
+    python bench/bench_mhc_prenorm.py [--quick] [--no-doc] [--no-tilelang]
+    (--no-tilelang: ours and float64 only, without TileLang or the vLLM tree)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+import torch
+
+import _paths  # noqa: E402,F401
+
+import common  # noqa: E402
+
+HC = 4
+A100_SMS = 108
+HIDDEN = (("V4-Flash", 4096), ("V4.1-Flash", 5120), ("V4-Pro", 7168))
+TOKENS = (1, 64, 1024, 8192)
+QUICK = {"hidden": (("V4-Flash", 4096),), "tokens": (64, 8192)}
+
+
+def make_set(T: int, H: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    import bench_mhc
+
+    s = bench_mhc.make_set("pre", T, H, g)  # res [T, 4, H] bf16, fn [24, 4H] fp32, ...
+    s["x"] = s["res"].view(T, HC * H)
+    return s
+
+
+def projection_bytes(T: int, H: int, splits: int) -> int:
+    K = HC * H
+    return T * K * 2 + 24 * K * 4 + splits * T * (24 + 1) * 4
+
+
+def ours(s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    from deepinfer_sm80.ops import mhc as op
+
+    return op.hc_prenorm_gemm(s["x"], s["fn"], sm_count=A100_SMS)
+
+
+@contextlib.contextmanager
+def projection_replaced(wrappers: Any):
+    """vLLM's pre-block module with its projection replaced by ours (restored after)."""
+    orig = wrappers._hc_prenorm_gemm_outputs
+
+    def replacement(x, fn, *, hidden_size, hc_mult, use_tilelang_fallback=True):
+        from deepinfer_sm80.ops import mhc as op
+
+        return op.hc_prenorm_gemm(x, fn, sm_count=A100_SMS)
+
+    wrappers._hc_prenorm_gemm_outputs = replacement
+    try:
+        yield
+    finally:
+        wrappers._hc_prenorm_gemm_outputs = orig
+
+
+def bench(report: common.Report, wrappers: Any | None, shapes: dict, copy_gbps: float) -> None:
+    import bench_mhc
+    from deepinfer_sm80.ops import mhc as op
+    from deepinfer_sm80.reference import mhc as ref
+
+    g = torch.Generator().manual_seed(common.fresh_seed())
+    for model, H in shapes["hidden"]:
+        K = HC * H
+        for T in shapes["tokens"]:
+            shape = f"{model} H={H}, T={T}"
+            splits = op.choose_splits(T, K, A100_SMS)
+            first = make_set(T, H, g)
+            per_set = first["res"].numel() * 2 + first["fn"].numel() * 4
+            n = common.rotation_count(per_set, max_sets=8)
+            sets = [first] + [make_set(T, H, g) for _ in range(n - 1)]
+            want_out, want_sq = ref.hc_prenorm_gemm(first["x"].cpu(), first["fn"].cpu(), 1)
+            out, sq = ours(first)
+            err = ref.rel_err(out.sum(0).cpu(), want_out[0])
+            serr = ref.sqrsum_rel_err(sq.sum(0).cpu(), want_sq[0])
+            report.check(f"projection {shape}: ours within float64 tolerances (out {err:.1e}, "
+                         f"sqrsum {serr:.1e}; {splits} splits)",
+                         err <= ref.OUT_REL_TOL and serr <= ref.SQRSUM_REL_TOL
+                         and bool(torch.isfinite(out).all()))
+            floor = projection_bytes(T, H, splits) / (copy_gbps * 1e3)
+            impls = [(f"ours ({splits} splits)", ours)]
+            if wrappers is not None:
+                def fallback(s):
+                    return wrappers._hc_prenorm_gemm_outputs(s["x"], s["fn"], hidden_size=H,
+                                                             hc_mult=HC)
+                o2, s2 = fallback(first)
+                report.notes.append(
+                    f"projection {shape}: vLLM's TileLang fallback vs float64: out "
+                    f"{ref.rel_err(o2.sum(0).cpu(), want_out[0]):.1e}, sqrsum "
+                    f"{ref.sqrsum_rel_err(s2.sum(0).cpu(), want_sq[0]):.1e}")
+                impls.append(("vLLM TileLang fallback", fallback))
+            for impl, fn in impls:
+                t = common.graph_time([lambda s=s, fn=fn: fn(s) for s in sets],
+                                      min_calls=common.CALLS_PER_REPLAY)
+                report.add(what="projection", shape=shape, impl=impl, median_us=t.median_us,
+                           floor_us=floor, pct_copy=100.0 * floor / t.median_us)
+                print(report.rows[-1], flush=True)
+            if wrappers is not None:
+                pre = lambda s: bench_mhc.tilelang_call(wrappers, "pre", s)()  # noqa: E731
+                base = pre(first)
+                with projection_replaced(wrappers):
+                    ok, perr, why = bench_mhc.agrees(pre(first), base)
+                report.check(f"pre {shape}: with our projection within bf16 tolerances of "
+                             f"vLLM's (rel err {perr:.1e}{'; ' + why if why else ''})", ok)
+                floor = bench_mhc.bytes_moved("pre", first) / (copy_gbps * 1e3)
+                for impl, ctx in (("vLLM", contextlib.nullcontext),
+                                  ("vLLM with our projection",
+                                   lambda: projection_replaced(wrappers))):
+                    with ctx():
+                        t = common.graph_time([lambda s=s: pre(s) for s in sets],
+                                              min_calls=common.CALLS_PER_REPLAY)
+                    report.add(what="pre", shape=shape, impl=impl, median_us=t.median_us,
+                               floor_us=floor, pct_copy=100.0 * floor / t.median_us)
+                    print(report.rows[-1], flush=True)
+            sets = first = None
+            torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--no-tilelang", action="store_true")
+    args = ap.parse_args(argv)
+    common.require_cuda()
+    report = common.Report(
+        name="bench_mhc_prenorm",
+        title="mHC pre-block projection: SM80 tensor-core kernel vs vLLM's TileLang fallback",
+        columns=["what", "shape", "impl", "median_us", "floor_us", "pct_copy"])
+    copy = common.copy_bandwidth()
+    report.meta["copy"] = copy
+    report.notes.append(
+        f"ours: csrc/mhc/prenorm_gemm.cu, grid for {A100_SMS} SMs; vLLM's rows: TileLang "
+        f"generating SM80 code, platform at 8.0 (bench/mhc_sm80.py); floor = bytes at the "
+        f"copy bandwidth {copy['gbps_read_plus_write']:.0f} GB/s; CUDA-graph replay, median "
+        "per call, input sets rotated past 2x L2")
+    shapes = QUICK if args.quick else {"hidden": HIDDEN, "tokens": TOKENS}
+    if args.no_tilelang:
+        bench(report, None, shapes, copy["gbps_read_plus_write"])
+    else:
+        import mhc_sm80
+
+        if not mhc_sm80.target_is_sm80():
+            print('set TILELANG_DEFAULT_TARGET={"kind": "cuda", "arch": "sm_80", "code": '
+                  '["sm_<this device>"]} (scripts/device/mhc_bench.sh)', file=sys.stderr)
+            return 2
+        with mhc_sm80.sm80_mhc() as (wrappers, _kernels):
+            bench(report, wrappers, shapes, copy["gbps_read_plus_write"])
+    return report.finish(not args.no_doc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""SM80 op for the mHC pre block's projection (vLLM's ``_hc_prenorm_gemm_outputs``):
+``hc_prenorm_gemm(x, fn)`` -> (out [n_splits, T, 24], sqrsum [n_splits, T]), fp32, the
+layout vLLM's mHC big-fuse kernels read (they add the splits up). Semantics and tolerances:
+:mod:`deepinfer_sm80.reference.mhc`. Products on mma.sync bf16 with fn as two bf16 terms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_sm80.ops import _checks as C
+
+N_OUT = 24        # hc_mult * (2 + hc_mult) for hc_mult 4
+BLOCK_M = 64      # tokens per block (csrc/mhc/mhc_kernels.h kPrenormBM)
+BLOCK_K = 64      # K per pipeline stage (kPrenormBK)
+MAX_SPLITS = 64   # kPrenormMaxSplits
+
+
+def _ops():
+    from deepinfer_sm80 import _ext  # loads _C, or raises ImportError saying how to build it
+
+    return _ext.ops()
+
+
+def choose_splits(num_tokens: int, k: int, sm_count: int) -> int:
+    """K splits for ``num_tokens`` tokens on ``sm_count`` SMs: the largest power of two
+    (at most MAX_SPLITS, dividing K / BLOCK_K) that keeps the grid within about two blocks a
+    SM; 1 once the token blocks alone fill that."""
+    if num_tokens <= 0 or k <= 0 or sm_count <= 0:
+        raise ValueError(f"num_tokens, k and sm_count must be > 0, got {num_tokens}, {k}, {sm_count}")
+    m_tiles = -(-num_tokens // BLOCK_M)
+    splits = 1
+    while (splits * 2 <= MAX_SPLITS and m_tiles * splits * 2 <= 2 * sm_count
+           and (k // BLOCK_K) % (splits * 2) == 0):
+        splits *= 2
+    return splits
+
+
+def hc_prenorm_gemm(x: torch.Tensor, fn: torch.Tensor, *, n_splits: int | None = None,
+                    sm_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] bf16 (last dim contiguous), fn [24, K] fp32 -> (out, sqrsum). ``n_splits``
+    (None: :func:`choose_splits` for the device's SM count, or ``sm_count``)."""
+    C.cuda_tensor(x, "x")
+    C.dtype(x, "x", torch.bfloat16)
+    C.dim(x, "x", 2, "[num_tokens, K]")
+    C.rows16(x, "x")
+    C.cuda_tensor(fn, "fn", x.device)
+    C.dtype(fn, "fn", torch.float32)
+    T, K = x.shape
+    if tuple(fn.shape) != (N_OUT, K):
+        raise ValueError(f"fn must be [{N_OUT}, K={K}], got {tuple(fn.shape)}")
+    fn = fn.contiguous()
+    if K % BLOCK_K:
+        raise ValueError(f"K ({K}) must be a multiple of {BLOCK_K}")
+    if n_splits is None:
+        sms = sm_count or torch.cuda.get_device_properties(x.device).multi_processor_count
+        n_splits = choose_splits(max(T, 1), K, sms)
+    if not 1 <= n_splits <= MAX_SPLITS or K % (BLOCK_K * n_splits):
+        raise ValueError(f"n_splits must be in [1, {MAX_SPLITS}] with K ({K}) a multiple of "
+                         f"{BLOCK_K} x n_splits, got {n_splits}")
+    out = torch.empty(n_splits, T, N_OUT, dtype=torch.float32, device=x.device)
+    sqrsum = torch.empty(n_splits, T, dtype=torch.float32, device=x.device)
+    _ops().hc_prenorm_gemm(x, fn, out, sqrsum, sm_count or 0)
+    return out, sqrsum

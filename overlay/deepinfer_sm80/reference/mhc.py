@@ -1,0 +1,63 @@
+"""Torch reference of the mHC pre block's projection (vLLM 0.33.0
+``vllm/model_executor/kernels/mhc/tilelang.py`` ``_hc_prenorm_gemm_outputs``), written from
+the semantics, and the arithmetic of this project's SM80 kernel (``csrc/mhc/prenorm_gemm.cu``)
+in torch, so that the tolerances of its tests can be checked on the CPU.
+
+For x [T, K] bf16 and fn [24, K] fp32, split into ``n_splits`` equal ranges of K:
+    out[s, t, n] = sum_{k in range s} x[t, k] * fn[n, k]
+    sqrsum[s, t] = sum_{k in range s} x[t, k] ** 2
+vLLM's consumers (the mHC big-fuse kernels) add the splits up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: relative Frobenius error of ``out`` against float64 that the kernel must stay within:
+#: the hi/lo split carries fn to 16 mantissa bits (~4e-6 for random data) and fp32
+#: accumulation adds about as much; one bf16 term alone (~1.7e-3) or TF32 (~2e-4) fails it
+OUT_REL_TOL = 2e-5
+#: per-token relative error of ``sqrsum`` (exact squares, fp32 sums of positive terms)
+SQRSUM_REL_TOL = 2e-5
+
+
+def hc_prenorm_gemm(x: torch.Tensor, fn: torch.Tensor, n_splits: int = 1
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [n_splits, T, N], sqrsum [n_splits, T]) in float64."""
+    T, K = x.shape
+    if fn.shape[1] != K or K % n_splits:
+        raise ValueError(f"fn {tuple(fn.shape)} and n_splits {n_splits} do not fit x {tuple(x.shape)}")
+    xs = x.double().view(T, n_splits, K // n_splits).transpose(0, 1)        # [S, T, K/S]
+    fs = fn.double().view(fn.shape[0], n_splits, K // n_splits).transpose(0, 1)  # [S, N, K/S]
+    return xs @ fs.transpose(1, 2), xs.square().sum(-1)
+
+
+def split_bf16(fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's two bf16 terms of an fp32 tensor: hi = bf16(fn), lo = bf16(fn - hi)
+    (round to nearest even both times; fn - hi is exact in fp32)."""
+    f = fn.float()
+    hi = f.to(torch.bfloat16)
+    lo = (f - hi.float()).to(torch.bfloat16)
+    return hi, lo
+
+
+def kernel_products(x: torch.Tensor, fn: torch.Tensor, n_splits: int = 1, *,
+                    terms: int = 2) -> torch.Tensor:
+    """``out`` as the kernel forms it, up to the order of fp32 accumulation: x times the
+    first ``terms`` bf16 terms of fn (2: the kernel; 1: a kernel that dropped lo), summed in
+    float64."""
+    hi, lo = split_bf16(fn)
+    approx = hi.double() + (lo.double() if terms == 2 else 0.0)
+    return hc_prenorm_gemm(x, approx, n_splits)[0]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| in float64."""
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp(min=1e-300))
+
+
+def sqrsum_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest per-element relative error of sqrsum (0 where both are 0)."""
+    got, want = got.double(), want.double()
+    return float(((got - want).abs() / want.abs().clamp(min=1e-300)).max()) if want.numel() else 0.0

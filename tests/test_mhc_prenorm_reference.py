@@ -1,0 +1,93 @@
+"""CPU checks of the mHC projection's reference and of the tolerances its GPU test applies
+(overlay/deepinfer_sm80/reference/mhc.py), and of the op's host-side choices
+(overlay/deepinfer_sm80/ops/mhc.py). The kernel itself runs in
+tests/gpu/test_mhc_prenorm_gemm_gpu.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from deepinfer_sm80.ops import mhc as op  # noqa: E402
+from deepinfer_sm80.reference import mhc as ref  # noqa: E402
+
+
+def _inputs(T, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, K, generator=g).to(torch.bfloat16)
+    fn = torch.randn(24, K, generator=g) * 2e-3  # the scale of vLLM's hc_fn
+    return x, fn
+
+
+def test_reference_by_hand():
+    x = torch.tensor([[1.0, 2.0, -1.0, 0.5]]).to(torch.bfloat16)
+    fn = torch.zeros(24, 4)
+    fn[0] = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    fn[23] = torch.tensor([0.5, 0.0, 2.0, -4.0])
+    out, sq = ref.hc_prenorm_gemm(x, fn)
+    assert out.shape == (1, 1, 24) and sq.shape == (1, 1)
+    assert out[0, 0, 0] == 2.5 and out[0, 0, 23] == 0.5 - 2.0 - 2.0
+    assert out[0, 0, 1:23].abs().sum() == 0 and sq[0, 0] == 1 + 4 + 1 + 0.25
+    out2, sq2 = ref.hc_prenorm_gemm(x, fn, n_splits=2)
+    assert out2[0, 0, 0] == 3.0 and out2[1, 0, 0] == -0.5
+    assert sq2[:, 0].tolist() == [5.0, 1.25]
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_splits_add_up(splits):
+    x, fn = _inputs(5, 256, 1)
+    out, sq = ref.hc_prenorm_gemm(x, fn)
+    outs, sqs = ref.hc_prenorm_gemm(x, fn, n_splits=splits)
+    assert torch.allclose(outs.sum(0), out[0], rtol=1e-12, atol=1e-15)
+    assert torch.allclose(sqs.sum(0), sq[0], rtol=1e-12)
+
+
+def test_split_terms_reconstruct_fp32():
+    g = torch.Generator().manual_seed(3)
+    f = torch.cat([torch.randn(4096, generator=g) * s for s in (1e-6, 2e-3, 1.0, 1e4)]
+                  + [torch.tensor([0.0, -0.0, 1.0, -3.0, 1e-38, 3e38])])
+    hi, lo = ref.split_bf16(f)
+    back = hi.double() + lo.double()
+    err = (back - f.double()).abs()
+    normal = f.abs() >= 1e-30  # lo stays a normal bf16 number; fn of a model is ~1e-3
+    assert float((err[normal] / f.double().abs()[normal]).max()) <= 2.0 ** -16
+    assert float(err[~normal].max()) <= 2.0 ** -133  # below: lo's subnormal steps
+    assert torch.equal(hi, f.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("K", [16384, 20480, 28672])
+def test_tolerance_accepts_the_kernels_arithmetic_and_rejects_one_term(K):
+    x, fn = _inputs(48, K, K)
+    want = ref.hc_prenorm_gemm(x, fn)[0]
+    two = ref.rel_err(ref.kernel_products(x, fn), want)
+    one = ref.rel_err(ref.kernel_products(x, fn, terms=1), want)
+    # fp32 accumulation on the GPU adds ~1e-6; the product error must leave room for it
+    assert two < ref.OUT_REL_TOL / 3, two
+    assert one > 10 * ref.OUT_REL_TOL, one
+    # TF32 (10-bit mantissas of both operands; upstream's DeepGEMM path on SM90+) fails too
+    def tf32(t):
+        b = t.float().view(torch.int32)
+        return ((b + 0x1000) & ~0x1FFF).view(torch.float32)
+    tf = ref.hc_prenorm_gemm(tf32(x.float()), tf32(fn))[0]
+    assert ref.rel_err(tf, want) > 5 * ref.OUT_REL_TOL
+
+
+@pytest.mark.parametrize("T,K,sms,want", [
+    (8192, 16384, 108, 1), (4096, 16384, 108, 2), (1024, 16384, 108, 8), (1024, 16384, 132, 16),
+    (64, 16384, 108, 64), (1, 16384, 108, 64), (1, 20480, 84, 64), (1, 28672, 82, 64),
+    (1, 16384 + 64 * 3, 108, 1), (200, 16384, 108, 32),
+])
+def test_choose_splits(T, K, sms, want):
+    got = op.choose_splits(T, K, sms)
+    assert got == want
+    assert (K // op.BLOCK_K) % got == 0 and got <= op.MAX_SPLITS
+    m_tiles = -(-T // op.BLOCK_M)
+    assert got == 1 or m_tiles * got <= 2 * sms
+
+
+def test_op_refuses_cpu_tensors_and_bad_shapes():
+    x, fn = _inputs(2, 128, 5)
+    with pytest.raises(ValueError, match="x must be on a CUDA device"):
+        op.hc_prenorm_gemm(x, fn)
+    with pytest.raises(ValueError):
+        op.choose_splits(0, 128, 108)
