@@ -33,8 +33,10 @@ void hc_prenorm_gemm(const at::Tensor& x, const at::Tensor& fn, at::Tensor& out,
   const int64_t n_splits = out.size(0);
   TORCH_CHECK(n_splits >= 1 && n_splits <= mhc::kPrenormMaxSplits,
               "n_splits (out.size(0)) must be in [1, ", mhc::kPrenormMaxSplits, "], got ", n_splits);
-  TORCH_CHECK(K % (mhc::kPrenormBK * n_splits) == 0, "K (", K, ") must be a multiple of ",
-              mhc::kPrenormBK, " x n_splits (", n_splits, ")");
+  TORCH_CHECK(K % mhc::kPrenormBK == 0 && K > 0, "K (", K, ") must be a positive multiple of ",
+              mhc::kPrenormBK);
+  TORCH_CHECK(n_splits <= K / mhc::kPrenormBK, "n_splits (", n_splits, ") must be at most K / ",
+              mhc::kPrenormBK, " = ", K / mhc::kPrenormBK);
   api::check_cuda(sqrsum, "sqrsum", dev);
   api::check_dtype(sqrsum, "sqrsum", at::kFloat);
   TORCH_CHECK(sqrsum.dim() == 2 && sqrsum.size(0) == n_splits && sqrsum.size(1) == T &&

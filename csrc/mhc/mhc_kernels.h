@@ -24,7 +24,7 @@ namespace mhc {
 constexpr int kPrenormN = 24;          // outputs per token: hc_mult * (2 + hc_mult), hc_mult 4
 constexpr int kPrenormBM = 64;         // tokens per block (4 warps x 16 rows)
 constexpr int kPrenormBK = 64;         // K per pipeline stage
-constexpr int kPrenormMaxSplits = 64;  // K splits at most
+constexpr int kPrenormMaxSplits = 256; // K splits at most (and at most K / kPrenormBK)
 
 struct PrenormGemmParams {
   const void* x = nullptr;   // [T, K] bf16, rows contiguous, row stride x_stride (elements)
@@ -33,8 +33,8 @@ struct PrenormGemmParams {
   float* sqrsum = nullptr;   // [n_splits, T] fp32, contiguous
   int64_t x_stride = 0;
   int num_tokens = 0;
-  int k = 0;                 // K, a multiple of kPrenormBK * n_splits
-  int n_splits = 1;
+  int k = 0;                 // K, a multiple of kPrenormBK
+  int n_splits = 1;          // 1 .. K / kPrenormBK; split s: K tiles [s*n/S, (s+1)*n/S)
 };
 
 // Shared memory one block takes (bytes), for the launcher and the build-check tables.

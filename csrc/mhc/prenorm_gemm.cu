@@ -63,9 +63,13 @@ hc_prenorm_gemm_kernel(const PrenormGemmParams p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = blockIdx.x * kPrenormBM;
   const int split = blockIdx.y;
-  const int k_per_split = p.k / p.n_splits;
-  const int k_begin = split * k_per_split;
-  const int num_k_tiles = k_per_split / kPrenormBK;
+  // split s takes K tiles [s * tiles / n_splits, (s + 1) * tiles / n_splits): any n_splits up
+  // to the tile count, as vLLM's compute_num_split picks them for DeepGEMM's GEMM
+  const int tiles = p.k / kPrenormBK;
+  const int tile_begin = static_cast<int>(static_cast<int64_t>(split) * tiles / p.n_splits);
+  const int tile_end = static_cast<int>(static_cast<int64_t>(split + 1) * tiles / p.n_splits);
+  const int k_begin = tile_begin * kPrenormBK;
+  const int num_k_tiles = tile_end - tile_begin;
   const auto* x = static_cast<const __nv_bfloat16*>(p.x);
 
   auto load_stage = [&](int slot, int kt) {

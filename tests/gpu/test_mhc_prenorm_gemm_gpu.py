@@ -1,7 +1,7 @@
 """The mHC projection kernel (csrc/mhc/prenorm_gemm.cu, op deepinfer_sm80.ops.mhc) against
 the float64 reference (deepinfer_sm80.reference.mhc) at the hidden sizes of V4-Flash (4096),
 V4.1-Flash (5120) and V4-Pro (7168): fresh random inputs per run, outputs poisoned with NaN,
-token counts off the 64-token block, K splits from 1 to 64, a strided x, the grid sized for
+token counts off the 64-token block, K splits from 1 to 256 (uneven ones too), a strided x, the grid sized for
 an A100, an A6000 and this GPU. Tolerances (relative to float64): reference.mhc.OUT_REL_TOL
 for out, SQRSUM_REL_TOL for sqrsum; a kernel that dropped fn's lo term, or used TF32, fails
 them (tests/test_mhc_prenorm_reference.py)."""
@@ -44,7 +44,7 @@ def _check(out, sq, x, fn, splits):
 
 @pytest.mark.parametrize("model", sorted(K_SIZES))
 @pytest.mark.parametrize("T", [1, 7, 64, 65, 333])
-@pytest.mark.parametrize("splits", [1, 4, 64])
+@pytest.mark.parametrize("splits", [1, 4, 6, 64, 256])
 def test_matches_float64(ext, rng, model, T, splits):
     K = K_SIZES[model]
     x, fn = _inputs(T, K, rng)
@@ -92,8 +92,8 @@ def test_zero_tokens(ext):
 
 
 @pytest.mark.parametrize("what,match", [
-    ("fn_shape", "fn must be"), ("k_split", "multiple of"), ("x_dtype", "x must be"),
-    ("splits", "n_splits"),
+    ("fn_shape", "fn must be"), ("k_split", "n_splits"), ("x_dtype", "x must be"),
+    ("splits", "at most K"),
 ])
 def test_bad_input_is_refused(ext, what, match):
     K = 16384
@@ -104,10 +104,11 @@ def test_bad_input_is_refused(ext, what, match):
     if what == "fn_shape":
         fn = torch.randn(23, K, device="cuda")
     elif what == "k_split":
-        out, sq = torch.empty(3, 4, 24, device="cuda"), torch.empty(3, 4, device="cuda")
+        out, sq = torch.empty(257, 4, 24, device="cuda"), torch.empty(257, 4, device="cuda")
     elif what == "x_dtype":
         x = x.float()
-    elif what == "splits":
-        out, sq = torch.empty(128, 4, 24, device="cuda"), torch.empty(128, 4, device="cuda")
+    elif what == "splits":  # 16384 / 64 = 256 tiles: 200 splits fit, K = 64 x 100 does not
+        x, fn = x[:, :6400].contiguous(), fn[:, :6400].contiguous()
+        out, sq = torch.empty(200, 4, 24, device="cuda"), torch.empty(200, 4, device="cuda")
     with pytest.raises(RuntimeError, match=match):
         ext.hc_prenorm_gemm(x, fn, out, sq)

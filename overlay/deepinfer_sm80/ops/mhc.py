@@ -13,7 +13,7 @@ from deepinfer_sm80.ops import _checks as C
 N_OUT = 24        # hc_mult * (2 + hc_mult) for hc_mult 4
 BLOCK_M = 64      # tokens per block (csrc/mhc/mhc_kernels.h kPrenormBM)
 BLOCK_K = 64      # K per pipeline stage (kPrenormBK)
-MAX_SPLITS = 64   # kPrenormMaxSplits
+MAX_SPLITS = 256  # kPrenormMaxSplits (and at most K / BLOCK_K)
 
 
 def _ops():
@@ -23,17 +23,15 @@ def _ops():
 
 
 def choose_splits(num_tokens: int, k: int, sm_count: int) -> int:
-    """K splits for ``num_tokens`` tokens on ``sm_count`` SMs: the largest power of two
-    (at most MAX_SPLITS, dividing K / BLOCK_K) that keeps the grid within about two blocks a
-    SM; 1 once the token blocks alone fill that."""
+    """K splits for ``num_tokens`` tokens on ``sm_count`` SMs, by the rule of vLLM's
+    ``compute_num_split(64, K, ceil(T / 64))`` (vllm/model_executor/kernels/mhc/
+    tilelang_kernels.py:45, the split count of DeepGEMM's projection that vLLM's big-fuse
+    kernels are compiled for): SMs per 64-token block, at most a quarter of the 64-column
+    K tiles, at least 1."""
     if num_tokens <= 0 or k <= 0 or sm_count <= 0:
         raise ValueError(f"num_tokens, k and sm_count must be > 0, got {num_tokens}, {k}, {sm_count}")
     m_tiles = -(-num_tokens // BLOCK_M)
-    splits = 1
-    while (splits * 2 <= MAX_SPLITS and m_tiles * splits * 2 <= 2 * sm_count
-           and (k // BLOCK_K) % (splits * 2) == 0):
-        splits *= 2
-    return splits
+    return max(1, min(sm_count // m_tiles, (-(-k // BLOCK_K)) // 4, MAX_SPLITS))
 
 
 def hc_prenorm_gemm(x: torch.Tensor, fn: torch.Tensor, *, n_splits: int | None = None,
@@ -50,14 +48,14 @@ def hc_prenorm_gemm(x: torch.Tensor, fn: torch.Tensor, *, n_splits: int | None =
     if tuple(fn.shape) != (N_OUT, K):
         raise ValueError(f"fn must be [{N_OUT}, K={K}], got {tuple(fn.shape)}")
     fn = fn.contiguous()
-    if K % BLOCK_K:
-        raise ValueError(f"K ({K}) must be a multiple of {BLOCK_K}")
+    if K % BLOCK_K or K == 0:
+        raise ValueError(f"K ({K}) must be a positive multiple of {BLOCK_K}")
     if n_splits is None:
         sms = sm_count or torch.cuda.get_device_properties(x.device).multi_processor_count
         n_splits = choose_splits(max(T, 1), K, sms)
-    if not 1 <= n_splits <= MAX_SPLITS or K % (BLOCK_K * n_splits):
-        raise ValueError(f"n_splits must be in [1, {MAX_SPLITS}] with K ({K}) a multiple of "
-                         f"{BLOCK_K} x n_splits, got {n_splits}")
+    if not 1 <= n_splits <= min(MAX_SPLITS, K // BLOCK_K):
+        raise ValueError(f"n_splits must be in [1, {min(MAX_SPLITS, K // BLOCK_K)}] (K / "
+                         f"{BLOCK_K}, at most {MAX_SPLITS}), got {n_splits}")
     out = torch.empty(n_splits, T, N_OUT, dtype=torch.float32, device=x.device)
     sqrsum = torch.empty(n_splits, T, dtype=torch.float32, device=x.device)
     _ops().hc_prenorm_gemm(x, fn, out, sqrsum, sm_count or 0)

@@ -3,7 +3,8 @@
 the semantics, and the arithmetic of this project's SM80 kernel (``csrc/mhc/prenorm_gemm.cu``)
 in torch, so that the tolerances of its tests can be checked on the CPU.
 
-For x [T, K] bf16 and fn [24, K] fp32, split into ``n_splits`` equal ranges of K:
+For x [T, K] bf16 and fn [24, K] fp32, split into ``n_splits`` ranges of whole 64-column
+tiles of K (:func:`split_bounds`):
     out[s, t, n] = sum_{k in range s} x[t, k] * fn[n, k]
     sqrsum[s, t] = sum_{k in range s} x[t, k] ** 2
 vLLM's consumers (the mHC big-fuse kernels) add the splits up.
@@ -21,15 +22,31 @@ OUT_REL_TOL = 2e-5
 SQRSUM_REL_TOL = 2e-5
 
 
+def split_bounds(k: int, n_splits: int, block_k: int = 64) -> list[tuple[int, int]]:
+    """The K range of each split, in whole ``block_k`` tiles: split s takes tiles
+    [s * n // S, (s + 1) * n // S) of the n = K / block_k tiles (one range when S = 1)."""
+    if n_splits == 1:
+        return [(0, k)]
+    if k % block_k or not 1 <= n_splits <= k // block_k:
+        raise ValueError(f"{n_splits} splits of K = {k} need K a multiple of {block_k} and "
+                         f"at most K / {block_k} splits")
+    n = k // block_k
+    return [(s * n // n_splits * block_k, (s + 1) * n // n_splits * block_k)
+            for s in range(n_splits)]
+
+
 def hc_prenorm_gemm(x: torch.Tensor, fn: torch.Tensor, n_splits: int = 1
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [n_splits, T, N], sqrsum [n_splits, T]) in float64."""
     T, K = x.shape
-    if fn.shape[1] != K or K % n_splits:
-        raise ValueError(f"fn {tuple(fn.shape)} and n_splits {n_splits} do not fit x {tuple(x.shape)}")
-    xs = x.double().view(T, n_splits, K // n_splits).transpose(0, 1)        # [S, T, K/S]
-    fs = fn.double().view(fn.shape[0], n_splits, K // n_splits).transpose(0, 1)  # [S, N, K/S]
-    return xs @ fs.transpose(1, 2), xs.square().sum(-1)
+    if fn.shape[1] != K:
+        raise ValueError(f"fn {tuple(fn.shape)} does not fit x {tuple(x.shape)}")
+    xd, fd = x.double(), fn.double()
+    outs, sqs = [], []
+    for a, b in split_bounds(K, n_splits):
+        outs.append(xd[:, a:b] @ fd[:, a:b].t())
+        sqs.append(xd[:, a:b].square().sum(-1))
+    return torch.stack(outs), torch.stack(sqs)
 
 
 def split_bf16(fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
