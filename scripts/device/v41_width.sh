@@ -7,7 +7,8 @@
 #   indexer: the indexer's and the layer's GPU tests first
 #   none:    the benchmark only (default)
 #   profile: no test, no benchmark: the step's kernels per call from torch.profiler
-#            (bench/profile_v41_indexer.py) for each BATCH:CTX of $V41W_PROFILE
+#            (bench/profile_v41_indexer.py) for each BATCH:CTX of $V41W_PROFILE, the block
+#            table $V41W_PROFILE_WIDTH compressed positions wide (default: the context)
 # V41W_QUICK=1 runs the benchmark's two quick shapes; V41W_CHUNKS=1 only the candidate source
 # in request chunks against one pass. Logs and JSON come back in $OUT.
 set -uo pipefail
@@ -16,7 +17,8 @@ source "$(dirname "$0")/bundle_env.sh" v41w
 if [ "$MODE" = profile ]; then
   for bc in ${V41W_PROFILE:-1:2048 1:65536 64:2048}; do
     echo "=== profile_v41_indexer --batch ${bc%%:*} --ctx ${bc##*:}"
-    $PY bench/profile_v41_indexer.py --batch "${bc%%:*}" --ctx "${bc##*:}" 2>&1 | tee -a "$OUT/profile.log" || rc=1
+    $PY bench/profile_v41_indexer.py --batch "${bc%%:*}" --ctx "${bc##*:}" \
+      --width "${V41W_PROFILE_WIDTH:-0}" 2>&1 | tee -a "$OUT/profile.log" || rc=1
   done
   echo "v41_width.sh profile rc=$rc"; exit $rc
 fi
