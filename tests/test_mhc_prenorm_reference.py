@@ -102,3 +102,41 @@ def test_op_refuses_cpu_tensors_and_bad_shapes():
         op.hc_prenorm_gemm(x, fn)
     with pytest.raises(ValueError):
         op.choose_splits(0, 128, 108)
+
+
+def _rz(v64: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded toward zero."""
+    y = v64.float()
+    over = y.double().abs() > v64.abs()
+    return torch.where(over, torch.nextafter(y, torch.zeros_like(y)), y)
+
+
+def _model_mma_sums(x, fn, flush_every):
+    """A model of the kernel's sums, not the hardware: each mma step adds the exact sum of its
+    16 products to the accumulator rounded toward zero (mma.sync on A100-class parts, Fasi et
+    al. 2021); every ``flush_every`` steps the accumulator is added to the running fp32 sum
+    with round-to-nearest (the kernel: 8 steps, one 64-column tile; 0 = never)."""
+    hi, lo = ref.split_bf16(fn)
+    xd = x.double()
+    total = torch.zeros(x.shape[0], fn.shape[0])
+    part = torch.zeros_like(total)
+    steps = 0
+    for k0 in range(0, x.shape[1], 64):
+        for kk in range(k0, k0 + 64, 16):
+            for term in (hi, lo):
+                part = _rz(part.double() + xd[:, kk:kk + 16] @ term[:, kk:kk + 16].double().t())
+                steps += 1
+        if flush_every:
+            total = (total.double() + part.double()).float()
+            part = torch.zeros_like(part)
+    return total if flush_every else part
+
+
+def test_per_tile_sums_keep_truncating_accumulation_within_tolerance():
+    """Why the kernel adds each tile's mma steps apart (model; the GPU test measures it)."""
+    x, fn = _inputs(16, 16384, 11)
+    want = ref.hc_prenorm_gemm(x, fn)[0][0]
+    tiles = ref.rel_err(_model_mma_sums(x, fn, 8), want)
+    chain = ref.rel_err(_model_mma_sums(x, fn, 0), want)
+    assert tiles < ref.OUT_REL_TOL / 3, tiles
+    assert chain > tiles * 4, (chain, tiles)

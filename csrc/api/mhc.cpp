@@ -30,6 +30,8 @@ void hc_prenorm_gemm(const at::Tensor& x, const at::Tensor& fn, at::Tensor& out,
                   out.is_contiguous(),
               "out must be a contiguous [n_splits, num_tokens, ", mhc::kPrenormN,
               "] float32 tensor, got ", out.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 8 == 0,
+              "out must start 8-byte aligned (the kernel stores float2 pairs)");
   const int64_t n_splits = out.size(0);
   TORCH_CHECK(n_splits >= 1 && n_splits <= mhc::kPrenormMaxSplits,
               "n_splits (out.size(0)) must be in [1, ", mhc::kPrenormMaxSplits, "], got ", n_splits);

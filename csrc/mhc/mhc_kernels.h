@@ -37,9 +37,6 @@ struct PrenormGemmParams {
   int n_splits = 1;          // 1 .. K / kPrenormBK; split s: K tiles [s*n/S, (s+1)*n/S)
 };
 
-// Shared memory one block takes (bytes), for the launcher and the build-check tables.
-int prenorm_gemm_smem_bytes();
-
 // Launches over a (ceil(T / 64), n_splits) grid. The grid follows the work; `lim` only
 // bounds shared memory (the caller picks n_splits from the SM count).
 void launch_prenorm_gemm(const PrenormGemmParams& p, const DeviceLimits& lim,

@@ -99,6 +99,10 @@ hc_prenorm_gemm_kernel(const PrenormGemmParams p) {
     ptx::cp_async_commit();
   }
 
+  // mma.sync's fp32 accumulation is not round-to-nearest (it truncates on A100-class parts,
+  // Fasi et al. 2021), so a chain of K / 16 x 2 mma steps into one accumulator drifts (a
+  // model of it gave 5e-5 - 9e-5 relative at K = 16384 - 28672): each 64-column tile goes
+  // into a fresh accumulator of 8 mma steps, added to the running sum with an ordinary fp32 add
   float acc[kNTiles][4] = {};
   float sq[2] = {0.f, 0.f};  // rows g and g + 8 of this warp
   const int g = lane >> 2, t4 = lane & 3;
@@ -113,6 +117,7 @@ hc_prenorm_gemm_kernel(const PrenormGemmParams p) {
     }
     const __nv_bfloat16* xs = sx + (kt % kStages) * kXStage + (warp * 16) * kXStride;
     const float* fs = sf + (kt % kStages) * kFStage;
+    float part[kNTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kPrenormBK / 16; ++kk) {
       uint32_t a[4];
@@ -126,9 +131,14 @@ hc_prenorm_gemm_kernel(const PrenormGemmParams p) {
         uint32_t hi0, lo0, hi1, lo1;
         split_bf16x2(*reinterpret_cast<const float2*>(f), hi0, lo0);
         split_bf16x2(*reinterpret_cast<const float2*>(f + 8), hi1, lo1);
-        ptx::mma_bf16_16816(acc[j], a, hi0, hi1);
-        ptx::mma_bf16_16816(acc[j], a, lo0, lo1);
+        ptx::mma_bf16_16816(part[j], a, hi0, hi1);
+        ptx::mma_bf16_16816(part[j], a, lo0, lo1);
       }
+    }
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] += part[j][e];
     }
   }
   ptx::cp_async_wait<0>();
@@ -156,8 +166,6 @@ hc_prenorm_gemm_kernel(const PrenormGemmParams p) {
 }
 
 }  // namespace
-
-int prenorm_gemm_smem_bytes() { return kSmemBytes; }
 
 void launch_prenorm_gemm(const PrenormGemmParams& p, const DeviceLimits& lim,
                          cudaStream_t stream) {

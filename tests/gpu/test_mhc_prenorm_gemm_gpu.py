@@ -65,11 +65,12 @@ def test_op_with_chosen_splits(ext, rng, T, sm_count):
 
 def test_strided_rows_and_large_values(ext, rng):
     K = K_SIZES["V4-Pro"]
-    big = (torch.randn(100, K + 64, generator=rng) * 30).to(torch.bfloat16)
-    x = big[:, 64:]  # row stride K + 64, start 128 bytes in
+    big = (torch.randn(100, K + 64, generator=rng) * 30).to(torch.bfloat16).cuda()
+    x = big[:, 64:]  # sliced on the GPU: row stride K + 64, start 128 bytes in
+    assert x.stride(0) == K + 64 and not x.is_contiguous()
     fn = torch.randn(24, K, generator=rng)
-    out, sq = _run_raw(ext, x.cuda(), fn.cuda(), 2)
-    _check(out, sq, x, fn, 2)
+    out, sq = _run_raw(ext, x, fn.cuda(), 2)
+    _check(out, sq, x.cpu(), fn, 2)
 
 
 def test_rows_are_independent(ext, rng):
@@ -93,7 +94,7 @@ def test_zero_tokens(ext):
 
 @pytest.mark.parametrize("what,match", [
     ("fn_shape", "fn must be"), ("k_split", "n_splits"), ("x_dtype", "x must be"),
-    ("splits", "at most K"),
+    ("splits", "at most K"), ("out_misaligned", "8-byte aligned"),
 ])
 def test_bad_input_is_refused(ext, what, match):
     K = 16384
@@ -107,6 +108,8 @@ def test_bad_input_is_refused(ext, what, match):
         out, sq = torch.empty(257, 4, 24, device="cuda"), torch.empty(257, 4, device="cuda")
     elif what == "x_dtype":
         x = x.float()
+    elif what == "out_misaligned":  # contiguous, but 4 bytes into its storage
+        out = torch.empty(1 + 4 * 24, device="cuda")[1:].view(1, 4, 24)
     elif what == "splits":  # 16384 / 64 = 256 tiles: 200 splits fit, K = 64 x 100 does not
         x, fn = x[:, :6400].contiguous(), fn[:, :6400].contiguous()
         out, sq = torch.empty(200, 4, 24, device="cuda"), torch.empty(200, 4, device="cuda")

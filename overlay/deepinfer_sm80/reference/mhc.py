@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 
 #: relative Frobenius error of ``out`` against float64 that the kernel must stay within:
-#: the hi/lo split carries fn to 16 mantissa bits (~4e-6 for random data) and fp32
-#: accumulation adds about as much; one bf16 term alone (~1.7e-3) or TF32 (~2e-4) fails it
+#: the hi/lo split carries fn to 16 mantissa bits (~2.5e-6 for random data) and fp32
+#: accumulation adds about as much (the kernel sums each 64-column tile's mma steps apart,
+#: since mma.sync's own accumulation truncates: one chain over K modelled at 5e-5 - 9e-5);
+#: one bf16 term alone (~1.7e-3) or TF32 (~2e-4) fails it
 OUT_REL_TOL = 2e-5
 #: per-token relative error of ``sqrsum`` (exact squares, fp32 sums of positive terms)
 SQRSUM_REL_TOL = 2e-5
