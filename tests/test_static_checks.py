@@ -38,3 +38,22 @@ def test_the_check_reports_an_undefined_name(tmp_path) -> None:
     assert res.returncode != 0
     assert "F821 undefined name 'undefined_thing'" in res.stdout
     assert "F401 'os' imported but unused" in res.stdout
+
+
+def test_device_scripts_parse() -> None:
+    """`bash -n` over every shell script of scripts/device/ and .ci/: a syntax error there
+    costs a device call (or a CI run) to find."""
+    scripts = sorted((ROOT / "scripts" / "device").glob("*.sh")) + [ROOT / ".ci" / "run"]
+    assert len(scripts) > 10, scripts
+    bad = []
+    for s in scripts:
+        res = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
+        if res.returncode != 0:
+            bad.append(f"{s.relative_to(ROOT)}: {res.stderr.strip()}")
+    assert not bad, "shell syntax errors:\n" + "\n".join(bad)
+
+
+def test_the_shell_check_reports_a_syntax_error(tmp_path) -> None:
+    bad = tmp_path / "bad.sh"
+    bad.write_text("if true; then\n  echo unterminated\n")
+    assert subprocess.run(["bash", "-n", str(bad)], capture_output=True).returncode != 0
