@@ -36,7 +36,7 @@ REQUIRED_OPS = (
     "compute_global_topk_indices_and_lens", "combine_topk_swa_indices", "sparse_mla_decode",
     "sparse_mla_prefill", "sparse_mla_plan", "indexer_paged_keys", "indexer_flat_keys",
     "row_topk_keys", "row_topk_indices", "candidate_block_keys", "candidate_mask",
-    "device_info")
+    "hc_prenorm_gemm", "device_info")
 # dynamic shared memory per block the kernels' largest tile configurations use (sm_80), and
 # the smallest they have (sm_86): docs/attention.md
 SMEM_SM80 = 163 * 1024
