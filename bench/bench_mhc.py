@@ -233,9 +233,7 @@ def main(argv=None) -> int:
     import mhc_sm80
 
     common.require_cuda()
-    if not mhc_sm80.target_is_sm80():
-        print('set TILELANG_DEFAULT_TARGET={"kind": "cuda", "arch": "sm_80", "code": '
-              '["sm_<this device>"]} (scripts/device/mhc_bench.sh)', file=sys.stderr)
+    if not mhc_sm80.require_sm80_target():
         return 2
     report = common.Report(
         name="bench_mhc", title="vLLM's TileLang mHC kernels as SM80 code",

@@ -33,9 +33,10 @@ import torch
 import _paths  # noqa: E402,F401
 
 import common  # noqa: E402
+import mhc_sm80  # noqa: E402
 
 HC = 4
-A100_SMS = 108
+A100_SMS = mhc_sm80.A100_SMS  # the grid of ours sized as for vLLM's split-k grids
 HIDDEN = (("V4-Flash", 4096), ("V4.1-Flash", 5120), ("V4-Pro", 7168))
 TOKENS = (1, 64, 1024, 8192)
 QUICK = {"hidden": (("V4-Flash", 4096),), "tokens": (64, 8192)}
@@ -161,11 +162,7 @@ def main(argv=None) -> int:
     if args.no_tilelang:
         bench(report, None, shapes, copy["gbps_read_plus_write"])
     else:
-        import mhc_sm80
-
-        if not mhc_sm80.target_is_sm80():
-            print('set TILELANG_DEFAULT_TARGET={"kind": "cuda", "arch": "sm_80", "code": '
-                  '["sm_<this device>"]} (scripts/device/mhc_bench.sh)', file=sys.stderr)
+        if not mhc_sm80.require_sm80_target():
             return 2
         with mhc_sm80.sm80_mhc() as (wrappers, _kernels):
             bench(report, wrappers, shapes, copy["gbps_read_plus_write"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterator
 
 import torch
@@ -37,6 +38,15 @@ class _SmCount:
 def target_is_sm80() -> bool:
     """``TILELANG_DEFAULT_TARGET`` asks for SM80 code generation."""
     return '"arch":"sm_80"' in os.environ.get("TILELANG_DEFAULT_TARGET", "").replace(" ", "")
+
+
+def require_sm80_target() -> bool:
+    """:func:`target_is_sm80`, else say on stderr what to set (the benches then exit 2)."""
+    if target_is_sm80():
+        return True
+    print('set TILELANG_DEFAULT_TARGET={"kind": "cuda", "arch": "sm_80", "code": '
+          '["sm_<this device>"]} (scripts/device/tilelang_env.sh)', file=sys.stderr)
+    return False
 
 
 @contextlib.contextmanager

@@ -120,12 +120,10 @@ def _model_mma_sums(x, fn, flush_every):
     xd = x.double()
     total = torch.zeros(x.shape[0], fn.shape[0])
     part = torch.zeros_like(total)
-    steps = 0
     for k0 in range(0, x.shape[1], 64):
         for kk in range(k0, k0 + 64, 16):
             for term in (hi, lo):
                 part = _rz(part.double() + xd[:, kk:kk + 16] @ term[:, kk:kk + 16].double().t())
-                steps += 1
         if flush_every:
             total = (total.double() + part.double()).float()
             part = torch.zeros_like(part)

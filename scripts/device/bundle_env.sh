@@ -46,3 +46,16 @@ build_ab_pair() {
   echo "=== base build ok ($((SECONDS - t0)) s)"
   export DEEPINFER_SM80_EXT=/tmp/ab-so/new.so
 }
+# run_bench LABEL BUDGET SCRIPT [ARGS...] (mhc_bench.sh, mhc_prenorm.sh): bench/SCRIPT --no-doc
+# ARGS, recorded as run by LABEL, ended BUDGET seconds after the calling script started; its log
+# $OUT/<SCRIPT stem>.log (check lines and rows shown here), the JSON it wrote copied to $RES;
+# sets rc=1 when it fails.
+run_bench() {
+  local label=$1 budget=$2 script=$3 t0=$SECONDS; shift 3
+  local stem=${script%.py}
+  DEEPINFER_BENCH_COMMAND="$label" timeout $((budget - SECONDS)) $PY "bench/$script" --no-doc "$@" \
+    > "$OUT/$stem.log" 2>&1 || rc=1
+  grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/$stem.log" | head -150
+  echo "=== $stem ($((SECONDS - t0)) s)"
+  find bench/results -name "${stem}_*.json" -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+}

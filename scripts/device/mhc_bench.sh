@@ -18,11 +18,5 @@ if [ "${MHCB_TESTS:-0}" = 1 ]; then
   echo "=== mhc tests rc=$rc ($((SECONDS - t0)) s)"; grep -E "passed|failed|error" "$OUT/mhc-tests.log" | tail -3
   grep -E "outside_tol=[1-9]|Error|error:" "$OUT/mhc-tests.log" | head -20
 fi
-t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/mhc_bench.sh ${1:-}" \
-  timeout $((${MHCB_BUDGET:-590} - SECONDS)) $PY bench/bench_mhc.py --no-doc "${q[@]}" \
-  > "$OUT/bench-mhc.log" 2>&1 || rc=1
-grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/bench-mhc.log" | head -150
-echo "=== bench_mhc ($((SECONDS - t0)) s)"
-find bench/results -name 'bench_mhc*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+run_bench "bash scripts/device/mhc_bench.sh ${1:-}" "${MHCB_BUDGET:-590}" bench_mhc.py "${q[@]}"
 echo "mhc_bench.sh rc=$rc"; exit $rc

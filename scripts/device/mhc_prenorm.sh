@@ -19,11 +19,6 @@ if [ -f "$REPO/.tl/tilelang-site.tar.xz" ]; then
 else
   args+=(--no-tilelang); echo "no .tl carried: ours against float64 and the copy floor only"
 fi
-t0=$SECONDS
-DEEPINFER_BENCH_COMMAND="bash scripts/device/mhc_prenorm.sh ${1:-}" \
-  timeout $((${MHCP_BUDGET:-590} - SECONDS)) $PY bench/bench_mhc_prenorm.py --no-doc "${args[@]}" \
-  > "$OUT/bench-mhc-prenorm.log" 2>&1 || rc=1
-grep -E "^\{|PASS|FAIL|Error|rror" "$OUT/bench-mhc-prenorm.log" | head -120
-echo "=== bench_mhc_prenorm ($((SECONDS - t0)) s)"
-find bench/results -name 'bench_mhc_prenorm*.json' -newer "$OUT/env.log" -exec cp {} "$RES/" \;
+run_bench "bash scripts/device/mhc_prenorm.sh ${1:-}" "${MHCP_BUDGET:-590}" bench_mhc_prenorm.py \
+  "${args[@]}"
 echo "mhc_prenorm.sh rc=$rc"; exit $rc
