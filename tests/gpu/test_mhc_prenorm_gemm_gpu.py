@@ -115,3 +115,23 @@ def test_bad_input_is_refused(ext, what, match):
         out, sq = torch.empty(200, 4, 24, device="cuda"), torch.empty(200, 4, device="cuda")
     with pytest.raises(RuntimeError, match=match):
         ext.hc_prenorm_gemm(x, fn, out, sq)
+
+
+def test_out_variant_matches_and_checks(ext, rng):
+    """``hc_prenorm_gemm_out`` (what vLLM's call sites use: caller-allocated outputs, the
+    split count from ``out``) writes what ``hc_prenorm_gemm`` returns, bit for bit, and
+    refuses outputs of the wrong shape before launching."""
+    K = K_SIZES["V4.1-Flash"]
+    x, fn = _inputs(200, K, rng)
+    x, fn = x.cuda(), fn.cuda()
+    want_out, want_sq = op.hc_prenorm_gemm(x, fn, n_splits=16)
+    out = torch.full((16, 200, 24), float("nan"), device="cuda")
+    sq = torch.full((16, 200), float("nan"), device="cuda")
+    op.hc_prenorm_gemm_out(x, fn, out, sq)
+    assert torch.equal(out, want_out) and torch.equal(sq, want_sq)
+    with pytest.raises(ValueError, match="disagree on n_splits"):
+        op.hc_prenorm_gemm_out(x, fn, out, sq[:4])
+    with pytest.raises(ValueError, match="sqrsum must be a contiguous"):
+        op.hc_prenorm_gemm_out(x, fn, out, torch.empty(16, 199, device="cuda"))
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        op.hc_prenorm_gemm_out(x, fn, out.transpose(0, 1), sq)
