@@ -10,9 +10,13 @@ L2 for every 2 tokens (docs/mhc.md: the pre block ran at 10% of its byte floor o
 Rows, all in the same run, per hidden size and token count:
 - ``projection``: ours (grid for 108 SMs: K split as ``deepinfer_sm80.ops.mhc.choose_splits``
   picks) and vLLM's TileLang fallback (``_hc_prenorm_gemm_outputs`` under the 8.0 platform);
-- ``pre``: vLLM's ``mhc_pre_tilelang`` as is, and the same with its module's
-  ``_hc_prenorm_gemm_outputs`` replaced by ours (the integration point: vLLM's big-fuse
-  kernels read the K splits as they read DeepGEMM's).
+- ``pre``: vLLM's ``mhc_pre_tilelang`` with upstream's fallback, and the same with its
+  module's ``_hc_prenorm_gemm_outputs`` replaced by ours (the integration point: vLLM's
+  big-fuse kernels read the K splits as they read DeepGEMM's);
+- where the tree carries patch 9 (``vllm/model_executor/kernels/mhc/ampere_prenorm.py``),
+  ``vLLM routed (patch 9)`` in both: vLLM's own code choosing our kernel, checked to give our
+  projection bit for bit; the fallback rows then force upstream's fallback (``_kernel_loads``
+  answering False), so they stay the baseline.
 Floors: the bytes each must move at the copy bandwidth of the run. Checks: ours within
 ``reference.mhc.OUT_REL_TOL`` of float64 (out) and ``SQRSUM_REL_TOL`` (sqrsum), vLLM's
 fallback's error reported beside it; the pre block with ours within bf16 tolerances of vLLM's
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 from typing import Any
 
@@ -78,7 +83,30 @@ def projection_replaced(wrappers: Any):
         wrappers._hc_prenorm_gemm_outputs = orig
 
 
-def bench(report: common.Report, wrappers: Any | None, shapes: dict, copy_gbps: float) -> None:
+def routing_module() -> Any | None:
+    """Patch 9's router in the imported tree, or None (a tree without it)."""
+    try:
+        return importlib.import_module("vllm.model_executor.kernels.mhc.ampere_prenorm")
+    except ImportError:
+        return None
+
+
+@contextlib.contextmanager
+def upstream_fallback(router: Any | None):
+    """vLLM's own TileLang projection, also in a tree whose patch 9 routes to ours."""
+    if router is None:
+        yield
+        return
+    saved = router._kernel_loads
+    router._kernel_loads = lambda: False
+    try:
+        yield
+    finally:
+        router._kernel_loads = saved
+
+
+def bench(report: common.Report, wrappers: Any | None, shapes: dict, copy_gbps: float,
+          router: Any | None = None) -> None:
     import bench_mhc
     from deepinfer_sm80.ops import mhc as op
     from deepinfer_sm80.reference import mhc as ref
@@ -104,15 +132,25 @@ def bench(report: common.Report, wrappers: Any | None, shapes: dict, copy_gbps: 
             floor = projection_bytes(T, H, splits) / (copy_gbps * 1e3)
             impls = [(f"ours ({splits} splits)", ours)]
             if wrappers is not None:
-                def fallback(s):
+                def vllm_projection(s):
                     return wrappers._hc_prenorm_gemm_outputs(s["x"], s["fn"], hidden_size=H,
                                                              hc_mult=HC)
+
+                def fallback(s):
+                    with upstream_fallback(router):
+                        return vllm_projection(s)
                 o2, s2 = fallback(first)
                 report.notes.append(
                     f"projection {shape}: vLLM's TileLang fallback vs float64: out "
                     f"{ref.rel_err(o2.sum(0).cpu(), want_out[0]):.1e}, sqrsum "
                     f"{ref.sqrsum_rel_err(s2.sum(0).cpu(), want_sq[0]):.1e}")
                 impls.append(("vLLM TileLang fallback", fallback))
+                if router is not None:
+                    o3, s3 = vllm_projection(first)
+                    report.check(f"projection {shape}: patch 9 routes vLLM to ours (serves: "
+                                 f"{router.ampere_prenorm_gemm_serves(K, 24)}; same outputs "
+                                 "bit for bit)", torch.equal(o3, out) and torch.equal(s3, sq))
+                    impls.append(("vLLM routed (patch 9)", vllm_projection))
             for impl, fn in impls:
                 t = common.graph_time([lambda s=s, fn=fn: fn(s) for s in sets],
                                       min_calls=common.CALLS_PER_REPLAY)
@@ -121,15 +159,19 @@ def bench(report: common.Report, wrappers: Any | None, shapes: dict, copy_gbps: 
                 print(report.rows[-1], flush=True)
             if wrappers is not None:
                 pre = lambda s: bench_mhc.tilelang_call(wrappers, "pre", s)()  # noqa: E731
-                base = pre(first)
-                with projection_replaced(wrappers):
-                    ok, perr, why = bench_mhc.agrees(pre(first), base)
-                report.check(f"pre {shape}: with our projection within bf16 tolerances of "
-                             f"vLLM's (rel err {perr:.1e}{'; ' + why if why else ''})", ok)
+                with upstream_fallback(router):
+                    base = pre(first)
+                variants = [("vLLM", lambda: upstream_fallback(router)),
+                            ("vLLM with our projection", lambda: projection_replaced(wrappers))]
+                if router is not None:
+                    variants.append(("vLLM routed (patch 9)", contextlib.nullcontext))
+                for impl, ctx in variants[1:]:
+                    with ctx():
+                        ok, perr, why = bench_mhc.agrees(pre(first), base)
+                    report.check(f"pre {shape}: {impl} within bf16 tolerances of vLLM's (rel "
+                                 f"err {perr:.1e}{'; ' + why if why else ''})", ok)
                 floor = bench_mhc.bytes_moved("pre", first) / (copy_gbps * 1e3)
-                for impl, ctx in (("vLLM", contextlib.nullcontext),
-                                  ("vLLM with our projection",
-                                   lambda: projection_replaced(wrappers))):
+                for impl, ctx in variants:
                     with ctx():
                         t = common.graph_time([lambda s=s: pre(s) for s in sets],
                                               min_calls=common.CALLS_PER_REPLAY)
@@ -165,7 +207,10 @@ def main(argv=None) -> int:
         if not mhc_sm80.require_sm80_target():
             return 2
         with mhc_sm80.sm80_mhc() as (wrappers, _kernels):
-            bench(report, wrappers, shapes, copy["gbps_read_plus_write"])
+            router = routing_module()
+            report.notes.append("tree: " + ("patch 9 present (rows 'vLLM routed')" if router
+                                            else "without patch 9"))
+            bench(report, wrappers, shapes, copy["gbps_read_plus_write"], router)
     return report.finish(not args.no_doc)
 
 

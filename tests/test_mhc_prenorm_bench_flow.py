@@ -99,3 +99,61 @@ def test_projection_bytes_by_hand(flow):
     mod = flow[0]
     # x 3 x 4*8 bf16, fn 24 x 32 fp32, out + sqrsum 2 splits x 3 x 25 fp32
     assert mod.projection_bytes(3, 8, 2) == 3 * 32 * 2 + 24 * 32 * 4 + 2 * 3 * 25 * 4
+
+
+def test_flow_with_patch_9(flow, monkeypatch):
+    """A tree carrying patch 9: vLLM's projection asks the router (``_kernel_loads``) and runs
+    ours when it answers True. The fallback rows must still time upstream's fallback (the
+    router forced to False), the routed rows ours, and the router is restored afterwards."""
+    mod, bench_mhc, common = flow
+    from deepinfer_sm80.ops import mhc as op
+
+    calls = {"ours": 0, "vllm": 0}
+
+    def fake_op(x, fn, *, n_splits=None, sm_count=None):
+        calls["ours"] += 1
+        return _projection(x, fn)
+
+    monkeypatch.setattr(op, "hc_prenorm_gemm", fake_op)
+
+    def kernel_loads():
+        return True
+
+    router = types.SimpleNamespace(_kernel_loads=kernel_loads,
+                                   ampere_prenorm_gemm_serves=lambda k, n: router._kernel_loads())
+
+    def vllm_projection(x, fn, *, hidden_size, hc_mult, use_tilelang_fallback=True):
+        if router.ampere_prenorm_gemm_serves(x.shape[1], fn.shape[0]):
+            return fake_op(x, fn)
+        calls["vllm"] += 1
+        return _projection(x, fn)
+
+    ns = types.SimpleNamespace(_hc_prenorm_gemm_outputs=vllm_projection)
+    current = {}
+
+    def pre(res, fn, *a, **kw):
+        ns._hc_prenorm_gemm_outputs(res.reshape(res.shape[0], -1), fn, hidden_size=res.shape[-1],
+                                    hc_mult=4)
+        return bench_mhc.torch_call("pre", current["s"])()
+
+    ns.mhc_pre_tilelang = pre
+    orig_call = bench_mhc.tilelang_call
+
+    def tilelang_call(wrappers, kernel, s):
+        current["s"] = s
+        return orig_call(wrappers, kernel, s)
+
+    monkeypatch.setattr(bench_mhc, "tilelang_call", tilelang_call)
+    report = common.Report(name="t", title="t", columns=["what"])
+    mod.bench(report, ns, {"hidden": (("A", 64),), "tokens": (1,)}, 1000.0, router)
+    assert router._kernel_loads is kernel_loads  # restored
+    assert [r["impl"] for r in report.rows] == [
+        f"ours ({op.choose_splits(1, 256, 108)} splits)", "vLLM TileLang fallback",
+        "vLLM routed (patch 9)", "vLLM", "vLLM with our projection", "vLLM routed (patch 9)"]
+    # upstream's fallback ran exactly in the fallback rows: its error note + 2 timed sets, the
+    # pre baseline + 2 timed pre sets
+    assert calls["vllm"] == 6
+    # ours: check + 2 timed, routed check + 2 timed, 2 pre checks + 2 x 2 timed pre sets
+    assert calls["ours"] == 3 + 3 + 2 + 4
+    assert all(c["ok"] for c in report.checks), report.checks
+    assert any("routes vLLM to ours" in c["what"] for c in report.checks)

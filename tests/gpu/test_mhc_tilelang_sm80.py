@@ -186,6 +186,32 @@ def test_mhc_pre(mhc, H, T, fused_norm):
     _close(f"pre H={H} T={T} norm={fused_norm} layer_input", li, rl, BF16_TOL)
 
 
+@pytest.mark.parametrize("T", [1, 100, 1000])
+def test_projection_route(mhc, T):
+    """Patch 9: with deepinfer_sm80 built, vLLM's pre-block projection below 9.0 runs our
+    kernel with DeepGEMM's split count for the A100's 108 SMs, and gives exactly what our op
+    gives for that count (the pre-block tests around this one then check the whole block
+    against float64 through it). An unpatched tree skips."""
+    wrappers, kernels = mhc
+    try:
+        from vllm.model_executor.kernels.mhc import ampere_prenorm
+    except ImportError:
+        pytest.skip("the tree has no patch 9 (vllm/model_executor/kernels/mhc/ampere_prenorm.py)")
+    from deepinfer_sm80.ops import mhc as op
+
+    H = 4096
+    K = HC * H
+    assert ampere_prenorm.ampere_prenorm_gemm_serves(K, 24), "the SM80 kernel does not serve"
+    g = torch.Generator().manual_seed(70 + T)
+    fn = _weights(H, g)[0]
+    x = _residual(T, H, g).view(T, K)
+    out, sq = wrappers._hc_prenorm_gemm_outputs(x, fn, hidden_size=H, hc_mult=HC)
+    splits = kernels.compute_num_split(64, K, -(-T // 64))
+    assert splits == op.choose_splits(T, K, A100_SMS) and out.shape == (splits, T, 24)
+    want_out, want_sq = op.hc_prenorm_gemm(x, fn, n_splits=splits)
+    assert torch.equal(out, want_out) and torch.equal(sq, want_sq)
+
+
 @pytest.mark.parametrize("T", [1, 8, 128])
 def test_mhc_pre_broadcast_first_layer(mhc, T):
     """The first layer's pre block on the (T, H) embedding broadcast to hc streams, with the
