@@ -42,6 +42,29 @@ def _projection(x, fn, *, terms=2):
     return (x.float() @ f.float().t()).unsqueeze(0), x.float().square().sum(-1).unsqueeze(0)
 
 
+def _fake_wrappers(bench_mhc, monkeypatch, vllm_projection):
+    """vLLM's wrappers module as the bench sees it: ``_hc_prenorm_gemm_outputs`` and a pre
+    block that calls the module's projection (as vLLM's does), then the torch pre block on
+    the input set the bench handed ``tilelang_call``."""
+    ns = types.SimpleNamespace(_hc_prenorm_gemm_outputs=vllm_projection)
+    current = {}
+
+    def pre(res, fn, *a, **kw):  # vLLM's pre block: the module's projection, then the rest
+        ns._hc_prenorm_gemm_outputs(res.reshape(res.shape[0], -1), fn, hidden_size=res.shape[-1],
+                                    hc_mult=4)
+        return bench_mhc.torch_call("pre", current["s"])()
+
+    ns.mhc_pre_tilelang = pre
+    orig_call = bench_mhc.tilelang_call
+
+    def tilelang_call(wrappers, kernel, s):
+        current["s"] = s
+        return orig_call(wrappers, kernel, s)
+
+    monkeypatch.setattr(bench_mhc, "tilelang_call", tilelang_call)
+    return ns
+
+
 @pytest.mark.parametrize("broken", [False, True])
 def test_flow(flow, monkeypatch, broken):
     mod, bench_mhc, common = flow
@@ -59,22 +82,7 @@ def test_flow(flow, monkeypatch, broken):
         calls["vllm"] += 1
         return _projection(x, fn)
 
-    ns = types.SimpleNamespace(_hc_prenorm_gemm_outputs=vllm_projection)
-    current = {}
-
-    def pre(res, fn, *a, **kw):  # vLLM's pre block: the module's projection, then the rest
-        ns._hc_prenorm_gemm_outputs(res.reshape(res.shape[0], -1), fn, hidden_size=res.shape[-1],
-                                    hc_mult=4)
-        return bench_mhc.torch_call("pre", current["s"])()
-
-    ns.mhc_pre_tilelang = pre
-    orig_call = bench_mhc.tilelang_call
-
-    def tilelang_call(wrappers, kernel, s):
-        current["s"] = s
-        return orig_call(wrappers, kernel, s)
-
-    monkeypatch.setattr(bench_mhc, "tilelang_call", tilelang_call)
+    ns = _fake_wrappers(bench_mhc, monkeypatch, vllm_projection)
     report = common.Report(name="t", title="t", columns=["what"])
     mod.bench(report, ns, {"hidden": (("A", 64), ("B", 128)), "tokens": (1, 70)}, 1000.0)
     assert ns._hc_prenorm_gemm_outputs is vllm_projection  # restored
@@ -128,22 +136,7 @@ def test_flow_with_patch_9(flow, monkeypatch):
         calls["vllm"] += 1
         return _projection(x, fn)
 
-    ns = types.SimpleNamespace(_hc_prenorm_gemm_outputs=vllm_projection)
-    current = {}
-
-    def pre(res, fn, *a, **kw):
-        ns._hc_prenorm_gemm_outputs(res.reshape(res.shape[0], -1), fn, hidden_size=res.shape[-1],
-                                    hc_mult=4)
-        return bench_mhc.torch_call("pre", current["s"])()
-
-    ns.mhc_pre_tilelang = pre
-    orig_call = bench_mhc.tilelang_call
-
-    def tilelang_call(wrappers, kernel, s):
-        current["s"] = s
-        return orig_call(wrappers, kernel, s)
-
-    monkeypatch.setattr(bench_mhc, "tilelang_call", tilelang_call)
+    ns = _fake_wrappers(bench_mhc, monkeypatch, vllm_projection)
     report = common.Report(name="t", title="t", columns=["what"])
     mod.bench(report, ns, {"hidden": (("A", 64),), "tokens": (1,)}, 1000.0, router)
     assert router._kernel_loads is kernel_loads  # restored
